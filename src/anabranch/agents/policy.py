@@ -1,0 +1,58 @@
+"""``ContextPolicy``: how one agent's context is kept within its own window."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["CompactionStrategy", "ContextPolicy"]
+
+CompactionStrategy = Literal["summarize", "verbatim", "window"]
+
+
+class ContextPolicy(BaseModel):
+    """Per-agent context settings. Each agent run compacts at its own window."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    window: int = Field(200_000, gt=0)
+    """Context window in tokens."""
+    compact_at: float = Field(0.7, gt=0.0, le=1.0)
+    """Compact when the context reaches this fraction of ``window``."""
+    output_reserve: int = Field(4_096, ge=0)
+    """Tokens kept free for the answer; the threshold never exceeds window - reserve."""
+    keep_recent: int = Field(6, ge=0)
+    """Messages kept verbatim after a compaction (the split moves to keep tool pairs whole)."""
+    strategy: CompactionStrategy = "summarize"
+    tool_result_max_chars: int = Field(20_000, gt=0)
+    """A tool result longer than this is spilled to the store; the context keeps a preview."""
+    tool_result_preview_chars: int = Field(2_000, ge=0)
+    clear_tool_results_after: int | None = Field(None, ge=0)
+    """Keep only the last K tool results inline once the soft threshold is passed."""
+    clear_at: float = Field(0.5, gt=0.0, le=1.0)
+    """Soft threshold (fraction of ``window``) for clearing old tool results."""
+    summarizer_model: str | None = None
+    """Model for ``summarize`` compactions; default: the agent's own model."""
+    fallback_summarizer_model: str | None = None
+    max_compaction_failures: int = Field(3, gt=0)
+    on_compaction_failure: Literal["fail", "continue"] = "continue"
+    on_compact: Callable[..., Any] | None = None
+    """Called with the messages about to be compacted; may return extra summary instructions."""
+    system_prompt_snapshot: bool = True
+    """Build the system prompt once per run (rebuilt only after a compaction)."""
+    cache_ttl: Literal["5m", "1h"] = "5m"
+
+    @model_validator(mode="after")
+    def _reserve_fits(self) -> ContextPolicy:
+        if self.output_reserve >= self.window:
+            raise ValueError(
+                f"output_reserve ({self.output_reserve}) must be smaller than window ({self.window})"
+            )
+        return self
+
+    @property
+    def threshold(self) -> int:
+        """Token count at which compaction starts."""
+        return min(int(self.window * self.compact_at), self.window - self.output_reserve)

@@ -1,0 +1,212 @@
+"""``@tool``: typed Python functions become tools the model can call."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, overload
+
+import pydantic
+from pydantic import BaseModel, ConfigDict
+
+from anabranch.errors import ToolDefinitionError
+
+__all__ = ["OnInterrupt", "Tool", "ToolContext", "tool"]
+
+OnInterrupt = Literal["retry", "report"]
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """Injected into a tool that declares a parameter of this type (not part of its schema).
+
+    ``call_id`` is the model's ``tool_use`` id: it stays the same if the call is run again
+    after a crash, so use it as an idempotency key for side effects.
+    """
+
+    call_id: str
+    session_id: str
+    run_id: str
+    agent_name: str
+    logger: logging.LoggerAdapter[logging.Logger] = field(
+        default_factory=lambda: logging.LoggerAdapter(logging.getLogger("anabranch.tool"), {})
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Tool:
+    """A tool definition: name, description, JSON schema and the function behind it."""
+
+    name: str
+    description: str
+    function: Callable[..., Any] = field(repr=False)
+    input_schema: dict[str, Any] = field(repr=False)
+    args_model: type[BaseModel] = field(repr=False)
+    context_param: str | None = None
+    timeout: float | None = None
+    """Seconds; ``None`` uses the agent's ``tool_timeout``."""
+    on_interrupt: OnInterrupt = "retry"
+    """After a crash mid-call: run again with the same call id, or report it to the model."""
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.function)
+
+    def validate_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Validated keyword arguments; raises ``pydantic.ValidationError``."""
+        parsed = self.args_model.model_validate(arguments)
+        return {name: getattr(parsed, name) for name in type(parsed).model_fields}
+
+
+def _docstring_parts(doc: str) -> tuple[str, dict[str, str]]:
+    """The summary paragraph and Google-style ``Args:`` descriptions of a docstring."""
+    doc = inspect.cleandoc(doc)
+    if not doc:
+        return "", {}
+    sections = re.split(r"\n\s*(Args|Arguments|Parameters|Returns|Raises):\s*\n", doc)
+    summary = sections[0].strip()
+    params: dict[str, str] = {}
+    for index in range(1, len(sections) - 1, 2):
+        if sections[index] not in ("Args", "Arguments", "Parameters"):
+            continue
+        current: str | None = None
+        for line in sections[index + 1].splitlines():
+            match = re.match(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$", line)
+            if match:
+                current = match.group(1)
+                params[current] = match.group(2).strip()
+            elif current and line.strip():
+                params[current] += " " + line.strip()
+    return summary, params
+
+
+def _strip_titles(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {
+            key: _strip_titles(value)
+            for key, value in schema.items()
+            if not (key == "title" and isinstance(value, str))
+        }
+    if isinstance(schema, list):
+        return [_strip_titles(item) for item in schema]
+    return schema
+
+
+def _build_tool(
+    function: Callable[..., Any],
+    *,
+    name: str | None,
+    description: str | None,
+    timeout: float | None,
+    on_interrupt: OnInterrupt,
+) -> Tool:
+    tool_name = name or function.__name__
+    if not _NAME.match(tool_name):
+        raise ToolDefinitionError(
+            f"tool name {tool_name!r} must be 1-64 characters of letters, digits, '_' or '-'"
+        )
+    try:
+        hints = typing.get_type_hints(function, include_extras=True)
+    except Exception as exc:
+        raise ToolDefinitionError(f"tool {tool_name!r}: cannot resolve type hints: {exc}") from exc
+    summary, param_docs = _docstring_parts(function.__doc__ or "")
+    fields: dict[str, Any] = {}
+    context_param: str | None = None
+    for param in inspect.signature(function).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: *args/**kwargs cannot be described to a model; "
+                f"declare each parameter"
+            )
+        if param.name not in hints:
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: parameter {param.name!r} needs a type annotation"
+            )
+        annotation = hints[param.name]
+        if annotation is ToolContext:
+            context_param = param.name
+            continue
+        default = ... if param.default is param.empty else param.default
+        if param.name in param_docs:
+            fields[param.name] = (
+                annotation,
+                pydantic.Field(default, description=param_docs[param.name]),
+            )
+        else:
+            fields[param.name] = (annotation, default)
+    try:
+        args_model = pydantic.create_model(  # type: ignore[call-overload]
+            f"{tool_name}_arguments",
+            __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=False),
+            **fields,
+        )
+        schema = _strip_titles(args_model.model_json_schema())
+    except Exception as exc:
+        raise ToolDefinitionError(
+            f"tool {tool_name!r}: its parameters cannot be turned into a JSON schema: {exc}"
+        ) from exc
+    tool_description = description if description is not None else summary
+    if not tool_description:
+        raise ToolDefinitionError(
+            f"tool {tool_name!r} needs a description: write a docstring or pass description="
+        )
+    return Tool(
+        name=tool_name,
+        description=tool_description,
+        function=function,
+        input_schema=schema,
+        args_model=args_model,
+        context_param=context_param,
+        timeout=timeout,
+        on_interrupt=on_interrupt,
+    )
+
+
+@overload
+def tool(function: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    on_interrupt: OnInterrupt = "retry",
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    function: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    on_interrupt: OnInterrupt = "retry",
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Turn a sync or async function into a ``Tool``.
+
+    The JSON schema comes from the type hints (``Annotated``/``Field`` descriptions are
+    honoured), the description from the docstring. A parameter typed ``ToolContext`` is
+    injected at call time and left out of the schema.
+
+    Raises:
+        ToolDefinitionError: the signature cannot be described to a model.
+    """
+    if on_interrupt not in ("retry", "report"):
+        raise ToolDefinitionError(f"on_interrupt must be 'retry' or 'report', not {on_interrupt!r}")
+
+    def decorate(fn: Callable[..., Any]) -> Tool:
+        return _build_tool(
+            fn, name=name, description=description, timeout=timeout, on_interrupt=on_interrupt
+        )
+
+    if function is not None:
+        return decorate(function)
+    return decorate

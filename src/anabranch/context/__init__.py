@@ -1,0 +1,1 @@
+"""Pure context logic: messages, token accounting, prompt assembly, compaction."""

@@ -1,0 +1,149 @@
+"""Every exception anabranch raises on purpose.
+
+    AnabranchError
+    ├── UserError                 a mistake in how the library is called
+    │   ├── SessionNotFoundError  no session with that id in the store
+    │   ├── DatabaseError         the file is not an anabranch database, is newer, or is corrupt
+    │   ├── SessionBusyError      another live process holds the session's lease
+    │   └── ToolDefinitionError   a function cannot be turned into a tool
+    ├── RunError                  a run could not finish
+    │   ├── MaxTurnsExceeded
+    │   └── CompactionFailedError the compaction circuit breaker tripped with policy "fail"
+    └── ModelError                raised by model clients, at their boundary
+        ├── ModelConnectionError  the request never got an HTTP answer (retryable)
+        └── ModelAPIError         the API answered with an error
+            ├── RateLimitedError  429 (retryable; carries retry_after)
+            ├── OverloadedError   529 or a mid-stream overloaded_error (retryable)
+            ├── ServerError       5xx (retryable)
+            └── PromptTooLongError  400 "prompt is too long: N tokens > M maximum"
+
+Invalid definitions (agents, policies, graphs) raise pydantic's ``ValidationError``.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "AnabranchError",
+    "CompactionFailedError",
+    "DatabaseError",
+    "MaxTurnsExceeded",
+    "ModelAPIError",
+    "ModelConnectionError",
+    "ModelError",
+    "OverloadedError",
+    "PromptTooLongError",
+    "RateLimitedError",
+    "RunError",
+    "ServerError",
+    "SessionBusyError",
+    "SessionNotFoundError",
+    "ToolDefinitionError",
+    "UserError",
+]
+
+
+class AnabranchError(Exception):
+    """Root of every error anabranch raises on purpose."""
+
+
+class UserError(AnabranchError):
+    """The library was called in a way that cannot work."""
+
+
+class SessionNotFoundError(UserError):
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"no session with id {session_id!r} in this database")
+        self.session_id = session_id
+
+
+class DatabaseError(UserError):
+    """The database file cannot be used (not anabranch's, newer schema, corrupt)."""
+
+
+class SessionBusyError(UserError):
+    def __init__(self, session_id: str, owner: str) -> None:
+        super().__init__(
+            f"session {session_id} is being driven by another live process ({owner}); "
+            "wait for it to finish or stop it first"
+        )
+        self.session_id = session_id
+        self.owner = owner
+
+
+class ToolDefinitionError(UserError):
+    """A Python function cannot be turned into a tool."""
+
+
+class RunError(AnabranchError):
+    """A run could not finish."""
+
+
+class MaxTurnsExceeded(RunError):
+    def __init__(self, agent: str, max_turns: int) -> None:
+        super().__init__(f"agent {agent!r} reached max_turns={max_turns} without a final answer")
+        self.agent = agent
+        self.max_turns = max_turns
+
+
+class CompactionFailedError(RunError):
+    """Compaction failed too many times in a row and the policy says to stop."""
+
+
+class ModelError(AnabranchError):
+    """A model call failed. ``retryable`` says whether trying again may help."""
+
+    retryable: bool = False
+
+
+class ModelConnectionError(ModelError):
+    retryable = True
+
+
+class ModelAPIError(ModelError):
+    """The model API answered with an error."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        error_type: str | None = None,
+        retry_after: float | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.error_type = error_type
+        self.retry_after = retry_after
+        self.request_id = request_id
+
+
+class RateLimitedError(ModelAPIError):
+    retryable = True
+
+
+class OverloadedError(ModelAPIError):
+    retryable = True
+
+
+class ServerError(ModelAPIError):
+    retryable = True
+
+
+_TOO_LONG = re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum")
+
+
+class PromptTooLongError(ModelAPIError):
+    """The request exceeded the model's context window."""
+
+    def __init__(self, message: str, **kwargs: object) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        match = _TOO_LONG.search(message)
+        self.tokens: int | None = int(match.group(1)) if match else None
+        self.maximum: int | None = int(match.group(2)) if match else None
+
+    @staticmethod
+    def matches(message: str) -> bool:
+        return "prompt is too long" in message

@@ -1,0 +1,1 @@
+"""The runtime: composes agents, context, store and traces into running sessions."""
