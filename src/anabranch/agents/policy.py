@@ -48,7 +48,8 @@ class ContextPolicy(BaseModel):
     def _reserve_fits(self) -> ContextPolicy:
         if self.output_reserve >= self.window:
             raise ValueError(
-                f"output_reserve ({self.output_reserve}) must be smaller than window ({self.window})"
+                f"output_reserve ({self.output_reserve}) must be smaller than "
+                f"window ({self.window})"
             )
         return self
 
