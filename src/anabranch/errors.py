@@ -47,6 +47,9 @@ __all__ = [
 class AnabranchError(Exception):
     """Root of every error anabranch raises on purpose."""
 
+    session_id: str | None = None
+    """The session the error happened in, when there is one (resume it by this id)."""
+
 
 class UserError(AnabranchError):
     """The library was called in a way that cannot work."""

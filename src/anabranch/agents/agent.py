@@ -41,9 +41,7 @@ class Agent(BaseModel):
     def _only_tools(cls, value: object) -> object:
         for item in value if isinstance(value, list | tuple) else ():
             if not isinstance(item, Tool):
-                raise ValueError(
-                    f"{item!r} is not a Tool; decorate the function with @tool first"
-                )
+                raise ValueError(f"{item!r} is not a Tool; decorate the function with @tool first")
         return value
 
     @model_validator(mode="after")

@@ -111,9 +111,7 @@ def request_to_params(request: ModelRequest) -> dict[str, Any]:
     params: dict[str, Any] = {
         "model": request.model,
         "max_tokens": request.max_tokens,
-        "messages": [
-            _message_param(m, breakpoints.get(i)) for i, m in enumerate(request.messages)
-        ],
+        "messages": [_message_param(m, breakpoints.get(i)) for i, m in enumerate(request.messages)],
     }
     if request.system:
         system = []

@@ -193,9 +193,7 @@ class TestModel:
         user_texts = [m.text for m in messages if m.role == "user" and m.text]
         tools = sorted({b.name for m in messages for b in m.tool_uses})
         results = [r for m in messages for r in m.tool_results]
-        facts = [
-            " ".join(r.content.split())[: self.report_chars] for r in results[-3:]
-        ]
+        facts = [" ".join(r.content.split())[: self.report_chars] for r in results[-3:]]
         body = [
             f"User asked: {user_texts[0][: self.report_chars] if user_texts else '(nothing)'}",
             f"Messages summarized: {len(messages)}",
@@ -208,8 +206,6 @@ class TestModel:
             + "\n".join(body)
             + "\n</summary>"
         )
-
-
 
 
 class FunctionModel:
@@ -231,9 +227,7 @@ class FunctionModel:
             result = await result
         if isinstance(result, ModelResponse):
             return result
-        content: list[Block] = (
-            [TextBlock(text=result)] if isinstance(result, str) else list(result)
-        )
+        content: list[Block] = [TextBlock(text=result)] if isinstance(result, str) else list(result)
         stop = "tool_use" if any(isinstance(b, ToolUseBlock) for b in content) else "end_turn"
         return ModelResponse(
             id="msg_" + request.fingerprint()[:24],

@@ -1,0 +1,5 @@
+import sys
+
+from anabranch.cli import main
+
+sys.exit(main())

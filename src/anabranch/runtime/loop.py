@@ -1,0 +1,490 @@
+"""``AgentRun``: one agent's run, driven turn by turn under the write-ahead protocol.
+
+The loop is a state machine over the committed context, so a fresh run and a resumed one
+take the same path:
+
+- last message is a user turn        -> (pipeline) -> commit call row -> call the model
+                                        -> commit the assistant message + usage
+- last message is an assistant turn with tool_use blocks
+                                     -> run the tools that have no committed result
+                                        (each result committed as it finishes)
+                                        -> commit the user message with all results
+- last message is a plain assistant turn -> the run is done
+
+Nothing here is ever updated in place: every step appends.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from anabranch.agents import Agent
+from anabranch.context.messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    SystemBlock,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+    canonical_json,
+    messages_from_json,
+)
+from anabranch.context.prompt import SubagentInfo, assemble_system
+from anabranch.context.tokens import estimate_messages, estimate_request
+from anabranch.errors import MaxTurnsExceeded, ModelError, PromptTooLongError
+from anabranch.runtime.builtins import BuiltinTool, ToolOutcome
+from anabranch.runtime.model import Model
+from anabranch.runtime.pipeline import ContextPipeline
+from anabranch.runtime.retry import RetryPolicy
+from anabranch.runtime.tool_exec import run_user_tool
+from anabranch.store import (
+    CallRecord,
+    MessageRecord,
+    RunRecord,
+    SnapshotRecord,
+    SQLiteStore,
+    ToolEventRecord,
+)
+from anabranch.traces import Tracing
+
+__all__ = ["AgentRun", "Environment", "new_id"]
+
+INTERRUPTED_REPORT = (
+    "This tool call was interrupted (the process stopped while it ran) and was not run "
+    "again; its effect is unknown. Check before repeating it."
+)
+
+
+def new_id(prefix: str) -> str:
+    """A random id that is URL- and shell-safe (never starts with '-')."""
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+def _message_json(message: Message) -> str:
+    return canonical_json(message.model_dump(mode="json")["content"])
+
+
+def _message_from_record(record: MessageRecord) -> Message:
+    return Message.model_validate({"role": record.role, "content": json.loads(record.content)})
+
+
+@dataclass
+class Environment:
+    """What every run of one session shares."""
+
+    store: SQLiteStore
+    model: Model
+    session_id: str
+    retry: RetryPolicy
+    tracing: Tracing
+    pipeline: ContextPipeline
+    builtins: tuple[BuiltinTool, ...] = ()
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Room for cooperating features (e.g. a concurrency limiter for children)."""
+
+
+class AgentRun:
+    """One run of one agent with its own context. Create with ``start`` or ``load``."""
+
+    def __init__(self, env: Environment, agent: Agent, record: RunRecord) -> None:
+        self.env = env
+        self.agent = agent
+        self.record = record
+        self.system: tuple[SystemBlock, ...] = ()
+        self.tools: tuple[ToolDefinition, ...] = ()
+        self.snapshot_version = 0
+        self.context: list[Message] = []
+        self.next_seq = 0
+        self.turns = 0
+        self.last_usage: Usage | None = None
+        self.appended_since_usage: list[Message] = []
+        self.compactions = 0
+
+    # ------------------------------------------------------------------ creation
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @classmethod
+    async def start(
+        cls,
+        env: Environment,
+        agent: Agent,
+        task: str | Sequence[Message],
+        *,
+        parent_run_id: str | None = None,
+        parent_call_id: str | None = None,
+        task_id: str | None = None,
+        depth: int = 0,
+        mode: str = "root",
+        snapshot: tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]] | None = None,
+        run_id: str | None = None,
+    ) -> AgentRun:
+        """Create and persist a new run: its record, prompt snapshot and first messages."""
+        record = RunRecord(
+            id=run_id or new_id("run"),
+            session_id=env.session_id,
+            agent_name=agent.name,
+            model=agent.model,
+            created=time.time(),
+            parent_run_id=parent_run_id,
+            parent_call_id=parent_call_id,
+            task_id=task_id,
+            depth=depth,
+            mode=mode,
+        )
+        run = cls(env, agent, record)
+        await env.store.create_run(record)
+        system, tools = snapshot if snapshot is not None else run.build_prompt()
+        await run.save_snapshot(system, tools, reason="start")
+        messages = [Message.user(task)] if isinstance(task, str) else list(task)
+        await run.append(*messages)
+        return run
+
+    @classmethod
+    async def load(cls, env: Environment, agent: Agent, record: RunRecord) -> AgentRun:
+        """Rebuild a run from the store: latest snapshot, context after the last boundary."""
+        run = cls(env, agent, record)
+        store = env.store
+        snapshot = await store.latest_snapshot(record.id)
+        if snapshot is None:
+            system, tools = run.build_prompt()
+            await run.save_snapshot(system, tools, reason="resume")
+        else:
+            run.system = tuple(SystemBlock.model_validate(b) for b in json.loads(snapshot.system))
+            run.tools = tuple(ToolDefinition.model_validate(t) for t in json.loads(snapshot.tools))
+            run.snapshot_version = snapshot.version
+        boundary = await store.latest_boundary(record.id)
+        if boundary is None:
+            records = await store.load_messages(record.id)
+            run.context = [_message_from_record(r) for r in records]
+        else:
+            run.compactions = len(await store.list_boundaries(run_id=record.id))
+            context = list(messages_from_json(boundary.prefix))
+            for first, last in json.loads(boundary.ranges):
+                records = await store.load_messages(record.id, from_seq=first, to_seq=last)
+                context.extend(_message_from_record(r) for r in records)
+            run.context = context
+        run.next_seq = await store.next_seq(record.id)
+        run.turns = sum(1 for c in await store.list_calls(record.id) if c.status == "ok")
+        run.appended_since_usage = list(run.context)
+        return run
+
+    # ------------------------------------------------------------------ prompt
+    def build_prompt(self) -> tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]:
+        """Assemble the system blocks and tool list for this agent (deterministic)."""
+        agent = self.agent
+        ttl = agent.context.cache_ttl
+        system = assemble_system(
+            instructions=agent.instructions,
+            subagents=[
+                SubagentInfo(a.name, a.description, a.max_report_tokens) for a in agent.subagents
+            ],
+            report_cap_tokens=agent.max_report_tokens if self.record.parent_run_id else None,
+            cache_ttl=ttl,
+        )
+        definitions = [
+            ToolDefinition(name=t.name, description=t.description, input_schema=t.input_schema)
+            for t in agent.tools
+        ]
+        definitions += [b.definition(agent) for b in self.env.builtins if b.applies_to(agent)]
+        definitions.sort(key=lambda d: d.name)
+        if definitions:
+            last = definitions[-1]
+            definitions[-1] = last.model_copy(update={"cache": ttl})
+        return system, tuple(definitions)
+
+    async def save_snapshot(
+        self,
+        system: tuple[SystemBlock, ...],
+        tools: tuple[ToolDefinition, ...],
+        *,
+        reason: str,
+    ) -> None:
+        self.snapshot_version += 1
+        await self.env.store.save_snapshot(
+            SnapshotRecord(
+                run_id=self.id,
+                version=self.snapshot_version,
+                system=canonical_json([b.model_dump(mode="json") for b in system]),
+                tools=canonical_json([t.model_dump(mode="json") for t in tools]),
+                created=time.time(),
+                reason=reason,
+            )
+        )
+        self.system, self.tools = system, tools
+
+    def build_request(self) -> ModelRequest:
+        """The exact request for the current context (breakpoint on the last message)."""
+        breakpoints: tuple[tuple[int, Any], ...] = ()
+        if self.context:
+            breakpoints = ((len(self.context) - 1, self.agent.context.cache_ttl),)
+        return ModelRequest(
+            model=self.agent.model,
+            system=self.system,
+            tools=self.tools,
+            messages=tuple(self.context),
+            max_tokens=self.agent.max_tokens,
+            message_breakpoints=breakpoints,
+        )
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def context_tokens(self) -> int:
+        """Anchored on the last response's usage, plus an estimate of what came after."""
+        if self.last_usage is None:
+            return estimate_request(self.build_request())
+        anchored = self.last_usage.total_input_tokens + self.last_usage.output_tokens
+        return anchored + estimate_messages(self.appended_since_usage)
+
+    @property
+    def threshold(self) -> int:
+        return self.agent.context.threshold
+
+    # ------------------------------------------------------------------ appending
+    async def append(self, *messages: Message, kind: str = "message") -> None:
+        """Commit messages to the store, then add them to the context."""
+        records = [
+            MessageRecord(
+                run_id=self.id,
+                seq=self.next_seq + offset,
+                role=message.role,
+                content=_message_json(message),
+                kind=kind,
+                created=time.time(),
+            )
+            for offset, message in enumerate(messages)
+        ]
+        await self.env.store.append_messages(records)
+        self.next_seq += len(records)
+        self.context.extend(messages)
+        self.appended_since_usage.extend(messages)
+
+    def replace_context(self, context: list[Message]) -> None:
+        """Swap in a compacted context (the caller has committed the boundary)."""
+        self.context = context
+        self.last_usage = None
+        self.appended_since_usage = list(context)
+        self.compactions += 1
+
+    # ------------------------------------------------------------------ driving
+    async def drive(self) -> str:
+        """Run until the agent gives a final answer; returns it.
+
+        Raises ``MaxTurnsExceeded`` (recorded as a failed run) and ``ModelError`` once
+        retries are exhausted (the run stays unfinished and resumable).
+        """
+        tracing = self.env.tracing
+        task = self.context[0].text if self.context else ""
+        with tracing.agent_run(
+            agent=self.agent.name,
+            run_id=self.id,
+            session_id=self.env.session_id,
+            model=self.agent.model,
+            task=task,
+        ) as span:
+            with anyio.fail_after(self.agent.timeout):
+                output = await self._loop()
+            tracing.agent_output(span, output)
+            return output
+
+    async def _loop(self) -> str:
+        while True:
+            if not self.context:
+                raise RuntimeError(f"run {self.id} has an empty context")
+            last = self.context[-1]
+            if last.role == "assistant":
+                if last.tool_uses:
+                    results = await self.run_tools(last.tool_uses)
+                    await self.append(Message(role="user", content=tuple(results)))
+                    continue
+                output = last.text
+                await self.env.store.finish_run(self.id, "done", output=output)
+                return output
+            if self.turns >= self.agent.max_turns:
+                error = MaxTurnsExceeded(self.agent.name, self.agent.max_turns)
+                await self.env.store.finish_run(self.id, "failed", error=str(error))
+                raise error
+            await self.env.pipeline.before_call(self)
+            response = await self.call_model()
+            self.context.append(response.to_message())
+            self.turns += 1
+            self.last_usage = response.usage
+            self.appended_since_usage = []
+
+    async def call_model(self) -> ModelResponse:
+        """One model turn with retries; the call row is committed before each attempt."""
+        env = self.env
+        attempt = 0
+        too_long_attempts = 0
+        while True:
+            attempt += 1
+            request = self.build_request()
+            call_id = await env.store.begin_call(
+                CallRecord(
+                    run_id=self.id,
+                    turn=self.turns + 1,
+                    attempt=attempt,
+                    fingerprint=request.fingerprint(),
+                    message_count=len(request.messages),
+                    created=time.time(),
+                ),
+                (),
+            )
+            with env.tracing.model_call(
+                model=request.model,
+                session_id=env.session_id,
+                agent=self.agent.name,
+                attempt=attempt,
+                compacted=self.compactions > 0,
+                messages=request.messages,
+            ) as span:
+                try:
+                    response = await env.model.request(request)
+                except ModelError as error:
+                    await env.store.finish_call(
+                        call_id, status="error", error_type=type(error).__name__, error=str(error)
+                    )
+                    if isinstance(error, PromptTooLongError):
+                        too_long_attempts += 1
+                        if await env.pipeline.on_prompt_too_long(self, error, too_long_attempts):
+                            attempt = 0
+                            continue
+                        raise
+                    if not env.retry.should_retry(attempt, error):
+                        raise
+                    delay = env.retry.delay(attempt, error)
+                    env.tracing.event(
+                        span, "retry", {"error.type": type(error).__name__, "delay": delay}
+                    )
+                else:
+                    message = response.to_message()
+                    await env.store.finish_call(
+                        call_id,
+                        status="ok",
+                        message=MessageRecord(
+                            run_id=self.id,
+                            seq=self.next_seq,
+                            role="assistant",
+                            content=_message_json(message),
+                            created=time.time(),
+                        ),
+                        response_id=response.id,
+                        model=response.model,
+                        stop_reason=response.stop_reason,
+                        usage=canonical_json(response.usage.model_dump(mode="json")),
+                    )
+                    self.next_seq += 1
+                    env.tracing.model_response(
+                        span,
+                        response_id=response.id,
+                        response_model=response.model,
+                        stop_reason=response.stop_reason,
+                        usage=response.usage,
+                        output=message,
+                    )
+                    await self.after_response(call_id, response)
+                    return response
+            await anyio.sleep(delay)
+
+    async def after_response(self, call_id: int, response: ModelResponse) -> None:
+        """Hook for cooperating features (e.g. cache-break detection). Default: nothing."""
+        hook = self.env.extras.get("after_response")
+        if hook is not None:
+            await hook(self, call_id, response)
+
+    # ------------------------------------------------------------------ tools
+    async def run_tools(self, uses: Sequence[ToolUseBlock]) -> list[ToolResultBlock]:
+        """Results for every tool_use, running only those without a committed result."""
+        events = await self.env.store.tool_events(self.id, [u.id for u in uses])
+        finished = {e.call_id: e for e in events if e.event == "finished"}
+        started = {e.call_id for e in events if e.event == "started"}
+        outcomes: dict[str, ToolOutcome] = {
+            call_id: ToolOutcome(e.content or "", e.is_error) for call_id, e in finished.items()
+        }
+
+        async def run_one(use: ToolUseBlock) -> None:
+            outcomes[use.id] = await self._run_tool(use, interrupted=use.id in started)
+
+        async with anyio.create_task_group() as group:
+            for use in uses:
+                if use.id not in finished:
+                    group.start_soon(run_one, use)
+        results = []
+        for use in uses:
+            outcome = await self.env.pipeline.ingest(self, use, outcomes[use.id])
+            results.append(
+                ToolResultBlock(
+                    tool_use_id=use.id, content=outcome.content, is_error=outcome.is_error
+                )
+            )
+        return results
+
+    def _builtin(self, name: str) -> BuiltinTool | None:
+        return next(
+            (b for b in self.env.builtins if b.name == name and b.applies_to(self.agent)), None
+        )
+
+    async def _run_tool(self, use: ToolUseBlock, *, interrupted: bool) -> ToolOutcome:
+        tool = self.agent.tool(use.name)
+        builtin = None if tool else self._builtin(use.name)
+        store = self.env.store
+        if tool is None and builtin is None:
+            available = sorted(d.name for d in self.tools)
+            outcome = ToolOutcome(
+                f"Unknown tool {use.name!r}. Available tools: {', '.join(available) or 'none'}.",
+                is_error=True,
+            )
+        elif interrupted and tool is not None and tool.on_interrupt == "report":
+            outcome = ToolOutcome(INTERRUPTED_REPORT, is_error=True)
+        else:
+            await store.record_tool_event(
+                ToolEventRecord(
+                    run_id=self.id,
+                    call_id=use.id,
+                    name=use.name,
+                    event="started",
+                    created=time.time(),
+                )
+            )
+            with self.env.tracing.tool_call(
+                tool=use.name,
+                call_id=use.id,
+                session_id=self.env.session_id,
+                description=tool.description if tool else "",
+                arguments=use.input,
+            ) as span:
+                if tool is not None:
+                    outcome = await run_user_tool(
+                        tool,
+                        use,
+                        session_id=self.env.session_id,
+                        run_id=self.id,
+                        agent_name=self.agent.name,
+                        default_timeout=self.agent.tool_timeout,
+                    )
+                else:
+                    assert builtin is not None
+                    outcome = await builtin.run(self, use)
+                self.env.tracing.tool_result(span, outcome.content, outcome.is_error)
+        await store.record_tool_event(
+            ToolEventRecord(
+                run_id=self.id,
+                call_id=use.id,
+                name=use.name,
+                event="finished",
+                created=time.time(),
+                content=outcome.content,
+                is_error=outcome.is_error,
+            )
+        )
+        return outcome

@@ -1,0 +1,327 @@
+"""``Runtime``: opens the store and runs, resumes and reports sessions."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+from opentelemetry import trace
+
+from anabranch.agents import Agent
+from anabranch.context.messages import Usage
+from anabranch.errors import (
+    AnabranchError,
+    SessionNotFoundError,
+    UserError,
+)
+from anabranch.runtime.builtins import BuiltinTool
+from anabranch.runtime.loader import load_object
+from anabranch.runtime.loop import AgentRun, Environment, new_id
+from anabranch.runtime.model import Model
+from anabranch.runtime.pipeline import ContextPipeline, PassThroughPipeline
+from anabranch.runtime.results import RunResult
+from anabranch.runtime.retry import RetryPolicy
+from anabranch.store import RunRecord, SessionRecord, SQLiteStore
+from anabranch.store.sqlite import Synchronous
+from anabranch.traces import Tracing
+
+__all__ = ["Runtime", "default_builtins", "default_pipeline"]
+
+DEFAULT_DB = "anabranch.db"
+
+
+def default_builtins() -> tuple[BuiltinTool, ...]:
+    """The built-in tools every runtime offers (to the agents they apply to)."""
+    return ()
+
+
+def default_pipeline() -> ContextPipeline:
+    """The context pipeline used when none is given."""
+    return PassThroughPipeline()
+
+
+def _agent_outline(agent: Agent) -> dict[str, Any]:
+    return {
+        "name": agent.name,
+        "model": agent.model,
+        "window": agent.context.window,
+        "tools": [t.name for t in agent.tools],
+        "subagents": [_agent_outline(a) for a in agent.subagents],
+    }
+
+
+class Runtime:
+    """Runs agents against a SQLite store. Use as ``async with Runtime(db=...) as rt``.
+
+    Args:
+        db: path of the SQLite file (created owner-only), default ``$ANABRANCH_DB`` or
+            ``./anabranch.db``.
+        model: the model client; default ``AnthropicModel()`` (``ANTHROPIC_API_KEY``,
+            ``ANTHROPIC_BASE_URL``), created on first use.
+        retry: retry policy for model calls.
+        tracer_provider: OpenTelemetry provider; default the global one (no-op without SDK).
+        capture_content: put message content in spans (default: off, or the
+            ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` variable).
+        synchronous: SQLite ``synchronous`` level for commits.
+        agents: definitions this runtime can resume by name without being given them.
+    """
+
+    def __init__(
+        self,
+        db: str | os.PathLike[str] | None = None,
+        *,
+        model: Model | None = None,
+        retry: RetryPolicy | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+        capture_content: bool | None = None,
+        synchronous: Synchronous = "FULL",
+        agents: Sequence[Agent] = (),
+        pipeline: ContextPipeline | None = None,
+        builtins: Sequence[BuiltinTool] | None = None,
+        lease_ttl: float = 30.0,
+    ) -> None:
+        self.db_path = Path(db if db is not None else os.environ.get("ANABRANCH_DB", DEFAULT_DB))
+        self._model = model
+        self.retry = retry or RetryPolicy()
+        self.tracing = Tracing(tracer_provider, capture_content=capture_content)
+        self.synchronous: Synchronous = synchronous
+        self.pipeline = pipeline or default_pipeline()
+        self.builtins = tuple(builtins) if builtins is not None else default_builtins()
+        self.lease_ttl = lease_ttl
+        self._agents: dict[str, Agent] = {a.name: a for a in agents}
+        self._store: SQLiteStore | None = None
+        self._owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> Runtime:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def open(self, *, create: bool = True) -> None:
+        if self._store is None:
+            self._store = await SQLiteStore.open(
+                self.db_path, create=create, synchronous=self.synchronous
+            )
+
+    async def aclose(self) -> None:
+        if self._store is not None:
+            await self._store.close()
+            self._store = None
+
+    @property
+    def store(self) -> SQLiteStore:
+        if self._store is None:
+            raise UserError("the runtime is not open: use 'async with Runtime(...) as rt'")
+        return self._store
+
+    @property
+    def model(self) -> Model:
+        if self._model is None:
+            from anabranch.runtime.anthropic_model import AnthropicModel
+
+            self._model = AnthropicModel()
+        return self._model
+
+    def environment(self, session_id: str) -> Environment:
+        """The shared environment for runs of one session."""
+        return Environment(
+            store=self.store,
+            model=self.model,
+            session_id=session_id,
+            retry=self.retry,
+            tracing=self.tracing,
+            pipeline=self.pipeline,
+            builtins=self.builtins,
+            extras={"runtime": self},
+        )
+
+    def register(self, *agents: Agent) -> None:
+        """Make agents resumable by name in this process."""
+        for agent in agents:
+            self._agents[agent.name] = agent
+
+    # ------------------------------------------------------------------ running
+    async def run(
+        self,
+        agent: Agent,
+        task: str,
+        *,
+        source: str | None = None,
+        on_session: Callable[[str], None] | None = None,
+    ) -> RunResult:
+        """Run ``agent`` on ``task`` in a new session and return its result.
+
+        Args:
+            source: ``file.py:name`` the agent came from, so another process can resume it.
+            on_session: called with the session id as soon as the session is committed.
+
+        Raises:
+            RunError: the run failed for good (e.g. ``MaxTurnsExceeded``).
+            ModelError: the model kept failing; the session is resumable.
+        """
+        if not isinstance(agent, Agent):
+            raise UserError(f"run() needs an Agent, got {type(agent).__name__}")
+        if not isinstance(task, str) or not task.strip():
+            raise UserError("the task must be a non-empty string")
+        self.register(agent)
+        session_id = new_id("ses")
+        await self.store.create_session(
+            SessionRecord(
+                id=session_id,
+                created=time.time(),
+                kind="agent",
+                entry=agent.name,
+                task=task,
+                source=source,
+                definition=json.dumps(_agent_outline(agent)),
+            )
+        )
+        if on_session is not None:
+            on_session(session_id)
+        env = self.environment(session_id)
+
+        async def start_and_drive() -> str:
+            root = await AgentRun.start(env, agent, task)
+            return await root.drive()
+
+        return await self._drive_session(session_id, agent.name, start_and_drive)
+
+    async def resume(self, session_id: str, agent: Agent | None = None) -> RunResult:
+        """Continue a session from wherever it stopped; a finished one returns its result.
+
+        Raises:
+            SessionNotFoundError: no such session.
+            SessionBusyError: another live process is driving it.
+        """
+        session = await self.store.get_session(session_id)
+        if session is None:
+            raise SessionNotFoundError(session_id)
+        if session.status in ("done", "failed") and session.finished is not None:
+            finished = await self._finished_result(session)
+            if finished is not None:
+                return finished
+        if session.kind != "agent":
+            resumer = self._resumers.get(session.kind)
+            if resumer is None:
+                raise UserError(f"cannot resume a session of kind {session.kind!r}")
+            result: RunResult = await resumer(self, session)
+            return result
+        root_agent = self.resolve_agent(session, agent)
+        root = await self._root_run(session_id)
+        env = self.environment(session_id)
+
+        async def load_and_drive() -> str:
+            if root is None:  # crashed before the first message was committed
+                run = await AgentRun.start(env, root_agent, session.task)
+            else:
+                run = await AgentRun.load(env, root_agent, root)
+            return await run.drive()
+
+        return await self._drive_session(session_id, root_agent.name, load_and_drive)
+
+    _resumers: dict[str, Callable[..., Any]] = {}
+    """Resume functions for other session kinds (e.g. graphs), by kind."""
+
+    def resolve_agent(self, session: SessionRecord, agent: Agent | None = None) -> Agent:
+        """The root agent of a session: given, registered, or loaded from its source."""
+        if agent is not None:
+            if agent.name != session.entry:
+                raise UserError(
+                    f"session {session.id} was run by agent {session.entry!r}, not {agent.name!r}"
+                )
+            return agent
+        if session.entry in self._agents:
+            return self._agents[session.entry]
+        if session.source:
+            loaded = load_object(session.source)
+            if isinstance(loaded, Agent) and loaded.name == session.entry:
+                self.register(loaded)
+                return loaded
+        raise UserError(
+            f"cannot find agent {session.entry!r} to resume session {session.id}: pass it to "
+            "resume(session_id, agent=...) or Runtime(agents=[...])"
+        )
+
+    async def _root_run(self, session_id: str) -> RunRecord | None:
+        runs = await self.store.list_runs(session_id)
+        return next((r for r in runs if r.parent_run_id is None and r.task_id is None), None)
+
+    async def _finished_result(self, session: SessionRecord) -> RunResult | None:
+        root = await self._root_run(session.id)
+        if root is None or root.status not in ("done", "failed"):
+            return None
+        return RunResult(
+            session_id=session.id,
+            run_id=root.id,
+            agent=root.agent_name,
+            status="done" if root.status == "done" else "failed",
+            output=root.output or "",
+            usage=await self.session_usage(session.id),
+            error=root.error,
+        )
+
+    async def _drive_session(
+        self, session_id: str, agent_name: str, drive: Callable[[], Any]
+    ) -> RunResult:
+        store = self.store
+        await store.acquire_lease(session_id, self._owner, self.lease_ttl)
+        failure: Exception | None = None
+        output = ""
+        try:
+            await store.set_session_status(session_id, "running")
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._keep_lease, session_id)
+                try:
+                    output = await drive()
+                except Exception as exc:
+                    failure = exc
+                finally:
+                    group.cancel_scope.cancel()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await store.set_session_status(session_id, "cancelled", error="cancelled")
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                await store.release_lease(session_id, self._owner)
+        root = await self._root_run(session_id)
+        run_id = root.id if root else ""
+        if failure is not None:
+            await store.set_session_status(session_id, "failed", error=str(failure))
+            if isinstance(failure, AnabranchError):
+                failure.session_id = session_id
+            raise failure
+        await store.set_session_status(session_id, "done", output=output)
+        return RunResult(
+            session_id=session_id,
+            run_id=run_id,
+            agent=agent_name,
+            status="done",
+            output=output,
+            usage=await self.session_usage(session_id),
+        )
+
+    async def _keep_lease(self, session_id: str) -> None:
+        while True:
+            await anyio.sleep(self.lease_ttl / 3)
+            with anyio.CancelScope(shield=True):
+                await self.store.renew_lease(session_id, self._owner, self.lease_ttl)
+
+    # ------------------------------------------------------------------ reporting
+    async def session_usage(self, session_id: str, run_id: str | None = None) -> Usage:
+        """Summed usage of every successful model call in the session (or one run)."""
+        total = Usage()
+        for call in await self.store.session_calls(session_id):
+            if call.status == "ok" and call.usage and (run_id is None or call.run_id == run_id):
+                total = total + Usage.model_validate_json(call.usage)
+        return total

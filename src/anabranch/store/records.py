@@ -1,0 +1,144 @@
+"""Plain records the store reads and writes. Content is opaque JSON text to the store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "BoundaryRecord",
+    "CallRecord",
+    "MessageRecord",
+    "RunRecord",
+    "RunStatus",
+    "SessionRecord",
+    "SnapshotRecord",
+    "ToolEventRecord",
+]
+
+RunStatus = Literal["running", "done", "failed", "cancelled"]
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    id: str
+    created: float
+    kind: Literal["agent", "graph"]
+    entry: str
+    """Name of the root agent (or graph)."""
+    task: str
+    status: RunStatus = "running"
+    output: str | None = None
+    error: str | None = None
+    finished: float | None = None
+    source: str | None = None
+    """Where the definition came from (``file.py:obj``), so the CLI can resume it."""
+    definition: str | None = None
+    """JSON of the definition's structure, for ``show``."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    session_id: str
+    agent_name: str
+    model: str
+    created: float
+    parent_run_id: str | None = None
+    parent_call_id: str | None = None
+    task_id: str | None = None
+    depth: int = 0
+    mode: str = "root"
+    status: RunStatus = "running"
+    output: str | None = None
+    error: str | None = None
+    finished: float | None = None
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    run_id: str
+    seq: int
+    role: Literal["user", "assistant"]
+    content: str
+    """JSON list of content blocks."""
+    kind: str = "message"
+    created: float = 0.0
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One model call attempt, written before the request leaves the process."""
+
+    run_id: str
+    turn: int
+    attempt: int
+    fingerprint: str
+    message_count: int
+    created: float
+    id: int | None = None
+    status: str | None = None
+    """``None`` while in flight; then ``ok`` or ``error``."""
+    error_type: str | None = None
+    error: str | None = None
+    response_id: str | None = None
+    model: str | None = None
+    stop_reason: str | None = None
+    usage: str | None = None
+    """JSON usage object."""
+    message_seq: int | None = None
+    finished: float | None = None
+
+
+@dataclass(frozen=True)
+class ToolEventRecord:
+    run_id: str
+    call_id: str
+    name: str
+    event: Literal["started", "finished"]
+    created: float
+    content: str | None = None
+    is_error: bool = False
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    run_id: str
+    version: int
+    system: str
+    """JSON list of system blocks."""
+    tools: str
+    """JSON list of tool definitions."""
+    created: float
+    reason: str = "start"
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class BoundaryRecord:
+    """A compaction (or rewind): how the run's context is rebuilt from here on."""
+
+    run_id: str
+    kind: str
+    """``compaction`` or ``rewind``."""
+    prefix: str
+    """JSON list of messages that open the context (e.g. the summary)."""
+    ranges: str
+    """JSON list of ``[first_seq, last_seq_or_null]`` original message ranges that follow."""
+    created: float
+    strategy: str | None = None
+    trigger: str | None = None
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    messages_before: int | None = None
+    messages_after: int | None = None
+    summary: str | None = None
+    model: str | None = None
+    duration: float | None = None
+    status: str = "ok"
+    error: str | None = None
+    extra: str | None = None
+    id: int | None = None
+    details: dict[str, object] = field(default_factory=dict, compare=False)

@@ -1,0 +1,665 @@
+"""``SQLiteStore``: the write-ahead store on one SQLite file.
+
+Invariants:
+- One connection, one worker thread: every statement runs through a ``CapacityLimiter(1)``,
+  so there is a single writer and never ``database is locked`` between our own tasks.
+- Every write is one ``BEGIN IMMEDIATE ... COMMIT`` transaction, shielded from cancellation:
+  a cancelled run leaves either the whole write or none of it.
+- The file is created owner-only (0600); WAL mode; ``synchronous=FULL`` unless told otherwise.
+- Opening never writes to a file that is not an anabranch database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import anyio
+import anyio.to_thread
+import sqlite_utils
+
+from anabranch.errors import DatabaseError, SessionBusyError
+from anabranch.store.records import (
+    BoundaryRecord,
+    CallRecord,
+    MessageRecord,
+    RunRecord,
+    RunStatus,
+    SessionRecord,
+    SnapshotRecord,
+    ToolEventRecord,
+)
+from anabranch.store.schema import APP_ID, SCHEMA_VERSION, migrate
+
+__all__ = ["SQLiteStore", "Synchronous"]
+
+T = TypeVar("T")
+Synchronous = Literal["OFF", "NORMAL", "FULL", "EXTRA"]
+
+
+def _create_owner_only(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class SQLiteStore:
+    """Async store over one SQLite file. Open with ``await SQLiteStore.open(path)``."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, limiter: anyio.CapacityLimiter):
+        self.path = path
+        self._conn = conn
+        self._db = sqlite_utils.Database(conn)
+        self._limiter = limiter
+        self._closed = False
+
+    # ----------------------------------------------------------------- lifecycle
+    @classmethod
+    async def open(
+        cls, path: str | os.PathLike[str], *, create: bool = True, synchronous: Synchronous = "FULL"
+    ) -> SQLiteStore:
+        """Open (and with ``create``, create or migrate) an anabranch database.
+
+        Raises:
+            DatabaseError: no file (and ``create`` is false), not an anabranch database,
+                a newer schema, or a corrupt file. Nothing is written in those cases.
+        """
+        limiter = anyio.CapacityLimiter(1)
+        db_path = Path(os.fspath(path))
+        conn = await anyio.to_thread.run_sync(
+            cls._connect, db_path, create, synchronous, limiter=limiter
+        )
+        return cls(db_path, conn, limiter)
+
+    @staticmethod
+    def _connect(path: Path, create: bool, synchronous: Synchronous) -> sqlite3.Connection:
+        path = path.expanduser()
+        if not path.exists():
+            if not create:
+                raise DatabaseError(f"no anabranch database at {path}")
+            if not path.parent.exists():
+                raise DatabaseError(f"cannot create {path}: folder {path.parent} does not exist")
+            _create_owner_only(path)
+        elif path.is_dir():
+            raise DatabaseError(f"{path} is a folder, not a database file")
+        try:
+            conn = sqlite3.connect(
+                path, check_same_thread=False, isolation_level=None, timeout=30.0
+            )
+        except sqlite3.Error as exc:
+            raise DatabaseError(f"cannot open {path}: {exc}") from exc
+        try:
+            version = SQLiteStore._check(conn, path)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={synchronous}")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA busy_timeout=30000")
+            if version < SCHEMA_VERSION:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    db = sqlite_utils.Database(conn)
+                    migrate(db, version)
+                    conn.execute(
+                        "INSERT OR REPLACE INTO meta(key, value) VALUES ('app', ?), "
+                        "('schema_version', ?)",
+                        (APP_ID, str(SCHEMA_VERSION)),
+                    )
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @staticmethod
+    def _check(conn: sqlite3.Connection, path: Path) -> int:
+        """The schema version of an existing file (0 if empty). Reads only."""
+        try:
+            tables = {
+                row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(f"{path} is not a readable SQLite database: {exc}") from exc
+        if not tables:
+            return 0
+        if "meta" not in tables:
+            raise DatabaseError(f"{path} is not an anabranch database")
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        if meta.get("app") != APP_ID:
+            raise DatabaseError(f"{path} is not an anabranch database")
+        version = int(meta.get("schema_version", "0"))
+        if version > SCHEMA_VERSION:
+            raise DatabaseError(
+                f"{path} has schema version {version}, newer than this anabranch "
+                f"understands ({SCHEMA_VERSION}); upgrade anabranch"
+            )
+        try:
+            check = conn.execute("PRAGMA quick_check").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(f"{path} is corrupt: {exc}") from exc
+        if check is None or check[0] != "ok":
+            raise DatabaseError(f"{path} is corrupt: {check[0] if check else 'no answer'}")
+        return version
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._conn.close, limiter=self._limiter)
+
+    async def __aenter__(self) -> SQLiteStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ----------------------------------------------------------------- plumbing
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await anyio.to_thread.run_sync(fn, self._conn, limiter=self._limiter)
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def run(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        with anyio.CancelScope(shield=True):
+            return await anyio.to_thread.run_sync(run, self._conn, limiter=self._limiter)
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
+        columns = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        cursor = conn.execute(
+            f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(values.values())
+        )
+        return int(cursor.lastrowid or 0)
+
+    @staticmethod
+    def _rows(
+        conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()
+    ) -> list[dict[str, Any]]:
+        cursor = conn.execute(sql, tuple(params))
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    # ----------------------------------------------------------------- sessions
+    async def create_session(self, session: SessionRecord) -> None:
+        values = {
+            "id": session.id,
+            "created": session.created,
+            "kind": session.kind,
+            "entry": session.entry,
+            "task": session.task,
+            "source": session.source,
+            "definition": session.definition,
+        }
+
+        def write(conn: sqlite3.Connection) -> None:
+            self._insert(conn, "sessions", values)
+            self._insert(
+                conn,
+                "session_events",
+                {"session_id": session.id, "status": "running", "created": session.created},
+            )
+
+        await self._write(write)
+
+    async def set_session_status(
+        self,
+        session_id: str,
+        status: RunStatus,
+        *,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        values = {
+            "session_id": session_id,
+            "status": status,
+            "output": output,
+            "error": error,
+            "created": time.time(),
+        }
+        await self._write(lambda conn: self._insert(conn, "session_events", values))
+
+    _SESSION_SQL = """
+        SELECT s.*, e.status AS status, e.output AS output, e.error AS error,
+               CASE WHEN e.status = 'running' THEN NULL ELSE e.created END AS finished
+        FROM sessions s
+        JOIN session_events e ON e.id = (
+            SELECT MAX(id) FROM session_events WHERE session_id = s.id)
+    """
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        rows = await self._read(
+            lambda conn: self._rows(conn, self._SESSION_SQL + " WHERE s.id = ?", (session_id,))
+        )
+        return SessionRecord(**rows[0]) if rows else None
+
+    async def list_sessions(self, limit: int = 100) -> list[SessionRecord]:
+        rows = await self._read(
+            lambda conn: self._rows(
+                conn, self._SESSION_SQL + " ORDER BY s.created DESC LIMIT ?", (limit,)
+            )
+        )
+        return [SessionRecord(**row) for row in rows]
+
+    # ----------------------------------------------------------------- leases
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
+        """Take the session's lease, or raise ``SessionBusyError`` if a live owner has it."""
+        host, pid = socket.gethostname(), os.getpid()
+
+        def write(conn: sqlite3.Connection) -> None:
+            row = conn.execute(
+                "SELECT owner, host, pid, expires FROM leases WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+            now = time.time()
+            if row is not None and row[0] != owner:
+                held_owner, held_host, held_pid, expires = row
+                dead = held_host == host and held_pid != pid and not _pid_alive(held_pid)
+                if expires > now and not dead:
+                    raise SessionBusyError(session_id, f"{held_owner} on {held_host}")
+            conn.execute(
+                "INSERT OR REPLACE INTO leases(session_id, owner, host, pid, expires) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (session_id, owner, host, pid, now + ttl),
+            )
+
+        await self._write(write)
+
+    async def renew_lease(self, session_id: str, owner: str, ttl: float) -> None:
+        await self._write(
+            lambda conn: conn.execute(
+                "UPDATE leases SET expires = ? WHERE session_id = ? AND owner = ?",
+                (time.time() + ttl, session_id, owner),
+            )
+        )
+
+    async def release_lease(self, session_id: str, owner: str) -> None:
+        await self._write(
+            lambda conn: conn.execute(
+                "DELETE FROM leases WHERE session_id = ? AND owner = ?", (session_id, owner)
+            )
+        )
+
+    async def lease_holder(self, session_id: str) -> str | None:
+        """The live owner of the session's lease, if any."""
+        rows = await self._read(
+            lambda conn: conn.execute(
+                "SELECT owner, host, pid, expires FROM leases WHERE session_id = ?",
+                (session_id,),
+            ).fetchall()
+        )
+        if not rows:
+            return None
+        owner, host, pid, expires = rows[0]
+        if expires <= time.time():
+            return None
+        if host == socket.gethostname() and not _pid_alive(pid):
+            return None
+        return str(owner)
+
+    # ----------------------------------------------------------------- runs
+    async def create_run(self, run: RunRecord) -> None:
+        values = {
+            "id": run.id,
+            "session_id": run.session_id,
+            "parent_run_id": run.parent_run_id,
+            "parent_call_id": run.parent_call_id,
+            "task_id": run.task_id,
+            "agent_name": run.agent_name,
+            "model": run.model,
+            "depth": run.depth,
+            "mode": run.mode,
+            "created": run.created,
+        }
+        await self._write(lambda conn: self._insert(conn, "runs", values))
+
+    async def finish_run(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        values = {
+            "run_id": run_id,
+            "status": status,
+            "output": output,
+            "error": error,
+            "finished": time.time(),
+        }
+        await self._write(lambda conn: self._insert(conn, "run_ends", values))
+
+    _RUN_SQL = """
+        SELECT r.*, COALESCE(e.status, 'running') AS status, e.output AS output,
+               e.error AS error, e.finished AS finished
+        FROM runs r LEFT JOIN run_ends e ON e.run_id = r.id
+    """
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        rows = await self._read(
+            lambda conn: self._rows(conn, self._RUN_SQL + " WHERE r.id = ?", (run_id,))
+        )
+        return RunRecord(**rows[0]) if rows else None
+
+    async def list_runs(self, session_id: str) -> list[RunRecord]:
+        rows = await self._read(
+            lambda conn: self._rows(
+                conn,
+                self._RUN_SQL + " WHERE r.session_id = ? ORDER BY r.created, r.rowid",
+                (session_id,),
+            )
+        )
+        return [RunRecord(**row) for row in rows]
+
+    async def find_child_run(self, parent_run_id: str, parent_call_id: str) -> RunRecord | None:
+        rows = await self._read(
+            lambda conn: self._rows(
+                conn,
+                self._RUN_SQL + " WHERE r.parent_run_id = ? AND r.parent_call_id = ?",
+                (parent_run_id, parent_call_id),
+            )
+        )
+        return RunRecord(**rows[0]) if rows else None
+
+    # ----------------------------------------------------------------- messages & calls
+    @staticmethod
+    def _message_values(message: MessageRecord) -> dict[str, Any]:
+        return {
+            "run_id": message.run_id,
+            "seq": message.seq,
+            "role": message.role,
+            "content": message.content,
+            "kind": message.kind,
+            "created": message.created or time.time(),
+        }
+
+    async def append_messages(self, messages: Sequence[MessageRecord]) -> None:
+        """Commit messages in one transaction."""
+        values = [self._message_values(m) for m in messages]
+
+        def write(conn: sqlite3.Connection) -> None:
+            for value in values:
+                self._insert(conn, "messages", value)
+
+        if values:
+            await self._write(write)
+
+    async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
+        """Commit pending messages and the call row together, before the request is sent."""
+        values = [self._message_values(m) for m in messages]
+        call_values = {
+            "run_id": call.run_id,
+            "turn": call.turn,
+            "attempt": call.attempt,
+            "fingerprint": call.fingerprint,
+            "message_count": call.message_count,
+            "created": call.created,
+        }
+
+        def write(conn: sqlite3.Connection) -> int:
+            for value in values:
+                self._insert(conn, "messages", value)
+            return self._insert(conn, "calls", call_values)
+
+        return await self._write(write)
+
+    async def finish_call(
+        self,
+        call_id: int,
+        *,
+        status: Literal["ok", "error"],
+        message: MessageRecord | None = None,
+        error_type: str | None = None,
+        error: str | None = None,
+        response_id: str | None = None,
+        model: str | None = None,
+        stop_reason: str | None = None,
+        usage: str | None = None,
+    ) -> None:
+        """Commit the call's outcome (and the assistant message) in one transaction."""
+        message_values = self._message_values(message) if message else None
+        outcome = {
+            "call_id": call_id,
+            "status": status,
+            "error_type": error_type,
+            "error": error,
+            "response_id": response_id,
+            "model": model,
+            "stop_reason": stop_reason,
+            "usage": usage,
+            "message_seq": message.seq if message else None,
+            "created": time.time(),
+        }
+
+        def write(conn: sqlite3.Connection) -> None:
+            if message_values:
+                self._insert(conn, "messages", message_values)
+            self._insert(conn, "call_outcomes", outcome)
+
+        await self._write(write)
+
+    async def load_messages(
+        self, run_id: str, *, from_seq: int = 0, to_seq: int | None = None
+    ) -> list[MessageRecord]:
+        sql = "SELECT * FROM messages WHERE run_id = ? AND seq >= ?"
+        params: list[Any] = [run_id, from_seq]
+        if to_seq is not None:
+            sql += " AND seq <= ?"
+            params.append(to_seq)
+        rows = await self._read(lambda conn: self._rows(conn, sql + " ORDER BY seq", params))
+        return [MessageRecord(**row) for row in rows]
+
+    async def next_seq(self, run_id: str) -> int:
+        row = await self._read(
+            lambda conn: conn.execute(
+                "SELECT COALESCE(MAX(seq), -1) FROM messages WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        )
+        return int(row[0]) + 1
+
+    _CALL_SQL = """
+        SELECT c.*, o.status AS status, o.error_type AS error_type, o.error AS error,
+               o.response_id AS response_id, o.model AS model, o.stop_reason AS stop_reason,
+               o.usage AS usage, o.message_seq AS message_seq, o.created AS finished
+        FROM calls c LEFT JOIN call_outcomes o ON o.call_id = c.id
+    """
+
+    async def list_calls(self, run_id: str) -> list[CallRecord]:
+        rows = await self._read(
+            lambda conn: self._rows(
+                conn, self._CALL_SQL + " WHERE c.run_id = ? ORDER BY c.id", (run_id,)
+            )
+        )
+        return [CallRecord(**row) for row in rows]
+
+    async def session_calls(self, session_id: str) -> list[CallRecord]:
+        rows = await self._read(
+            lambda conn: self._rows(
+                conn,
+                self._CALL_SQL
+                + " WHERE c.run_id IN (SELECT id FROM runs WHERE session_id = ?) ORDER BY c.id",
+                (session_id,),
+            )
+        )
+        return [CallRecord(**row) for row in rows]
+
+    # ----------------------------------------------------------------- tools
+    async def record_tool_event(self, event: ToolEventRecord) -> None:
+        values = {
+            "run_id": event.run_id,
+            "call_id": event.call_id,
+            "name": event.name,
+            "event": event.event,
+            "content": event.content,
+            "is_error": int(event.is_error),
+            "created": event.created,
+        }
+        await self._write(lambda conn: self._insert(conn, "tool_events", values))
+
+    async def tool_events(self, run_id: str, call_ids: Sequence[str]) -> list[ToolEventRecord]:
+        if not call_ids:
+            return []
+        marks = ", ".join("?" for _ in call_ids)
+        rows = await self._read(
+            lambda conn: self._rows(
+                conn,
+                f"SELECT * FROM tool_events WHERE run_id = ? AND call_id IN ({marks}) ORDER BY id",
+                (run_id, *call_ids),
+            )
+        )
+        return [ToolEventRecord(**{**row, "is_error": bool(row["is_error"])}) for row in rows]
+
+    # ----------------------------------------------------------------- snapshots
+    async def save_snapshot(self, snapshot: SnapshotRecord) -> None:
+        values = {
+            "run_id": snapshot.run_id,
+            "version": snapshot.version,
+            "reason": snapshot.reason,
+            "system": snapshot.system,
+            "tools": snapshot.tools,
+            "created": snapshot.created,
+        }
+        await self._write(lambda conn: self._insert(conn, "snapshots", values))
+
+    async def latest_snapshot(self, run_id: str) -> SnapshotRecord | None:
+        rows = await self._read(
+            lambda conn: self._rows(
+                conn,
+                "SELECT * FROM snapshots WHERE run_id = ? ORDER BY version DESC LIMIT 1",
+                (run_id,),
+            )
+        )
+        return SnapshotRecord(**rows[0]) if rows else None
+
+    # ----------------------------------------------------------------- boundaries
+    async def add_boundary(
+        self, boundary: BoundaryRecord, messages: Sequence[MessageRecord] = ()
+    ) -> int:
+        """Commit a boundary (and any messages that belong with it) atomically."""
+        values = {f.name: getattr(boundary, f.name) for f in fields(boundary)}
+        values.pop("id")
+        values.pop("details")
+        message_values = [self._message_values(m) for m in messages]
+
+        def write(conn: sqlite3.Connection) -> int:
+            for value in message_values:
+                self._insert(conn, "messages", value)
+            return self._insert(conn, "boundaries", values)
+
+        return await self._write(write)
+
+    async def list_boundaries(
+        self, *, run_id: str | None = None, session_id: str | None = None
+    ) -> list[BoundaryRecord]:
+        if run_id is not None:
+            sql, params = "SELECT * FROM boundaries WHERE run_id = ? ORDER BY id", (run_id,)
+        else:
+            sql = (
+                "SELECT * FROM boundaries WHERE run_id IN "
+                "(SELECT id FROM runs WHERE session_id = ?) ORDER BY id"
+            )
+            params = (session_id or "",)
+        rows = await self._read(lambda conn: self._rows(conn, sql, params))
+        return [BoundaryRecord(**row) for row in rows]
+
+    async def latest_boundary(self, run_id: str) -> BoundaryRecord | None:
+        rows = await self._read(
+            lambda conn: self._rows(
+                conn,
+                "SELECT * FROM boundaries WHERE run_id = ? AND status = 'ok' "
+                "ORDER BY id DESC LIMIT 1",
+                (run_id,),
+            )
+        )
+        return BoundaryRecord(**rows[0]) if rows else None
+
+    # ----------------------------------------------------------------- spills
+    async def save_spill(self, handle: str, run_id: str, call_id: str, content: str) -> None:
+        values = {
+            "handle": handle,
+            "run_id": run_id,
+            "call_id": call_id,
+            "content": content,
+            "created": time.time(),
+        }
+        await self._write(
+            lambda conn: conn.execute(
+                "INSERT OR IGNORE INTO spills(handle, run_id, call_id, content, created) "
+                "VALUES (:handle, :run_id, :call_id, :content, :created)",
+                values,
+            )
+        )
+
+    async def get_spill(self, handle: str) -> str | None:
+        rows = await self._read(
+            lambda conn: conn.execute(
+                "SELECT content FROM spills WHERE handle = ?", (handle,)
+            ).fetchall()
+        )
+        return str(rows[0][0]) if rows else None
+
+    # ----------------------------------------------------------------- cache breaks
+    async def add_cache_break(
+        self, run_id: str, call_id: int, cause: str, expected_read: int, actual_read: int
+    ) -> None:
+        values = {
+            "run_id": run_id,
+            "call_id": call_id,
+            "cause": cause,
+            "expected_read": expected_read,
+            "actual_read": actual_read,
+            "created": time.time(),
+        }
+        await self._write(lambda conn: self._insert(conn, "cache_breaks", values))
+
+    async def list_cache_breaks(self, session_id: str) -> list[dict[str, Any]]:
+        return await self._read(
+            lambda conn: self._rows(
+                conn,
+                "SELECT * FROM cache_breaks WHERE run_id IN "
+                "(SELECT id FROM runs WHERE session_id = ?) ORDER BY id",
+                (session_id,),
+            )
+        )
+
+    # ----------------------------------------------------------------- generic read
+    async def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Read-only SQL for reports and tools (``SELECT`` only)."""
+        if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
+            raise ValueError("query() runs SELECT statements only")
+        return await self._read(lambda conn: self._rows(conn, sql, params))
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
