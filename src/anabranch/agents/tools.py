@@ -140,7 +140,7 @@ def _build_tool(
         else:
             fields[param.name] = (annotation, default)
     try:
-        args_model = pydantic.create_model(  # type: ignore[call-overload]
+        args_model = pydantic.create_model(
             f"{tool_name}_arguments",
             __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=False),
             **fields,

@@ -86,7 +86,7 @@ async def session_tree(store: SQLiteStore, session_id: str) -> list[RunNode]:
     for boundary in boundaries:
         if boundary.run_id in nodes and boundary.kind == "compaction" and boundary.status == "ok":
             nodes[boundary.run_id].compactions += 1
-    roots = []
+    roots: list[RunNode] = []
     for run in runs:
         node = nodes[run.id]
         parent = nodes.get(run.parent_run_id) if run.parent_run_id else None

@@ -26,7 +26,7 @@ class RetryPolicy(BaseModel):
         """Seconds to wait before attempt ``attempt + 1`` (attempts count from 1)."""
         if isinstance(error, ModelAPIError) and error.retry_after is not None:
             return min(max(error.retry_after, 0.0), self.max_retry_after)
-        backoff = min(self.base_delay * 2 ** (attempt - 1), self.max_delay)
+        backoff = min(self.base_delay * 2.0 ** (attempt - 1), self.max_delay)
         return backoff * (1 - 0.25 * random.random())
 
     def should_retry(self, attempt: int, error: ModelError) -> bool:

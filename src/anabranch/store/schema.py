@@ -16,8 +16,8 @@ APP_ID = "anabranch"
 
 
 def _v1(db: sqlite_utils.Database) -> None:
-    db["meta"].create({"key": str, "value": str}, pk="key")
-    db["sessions"].create(
+    db.table("meta").create({"key": str, "value": str}, pk="key")
+    db.table("sessions").create(
         {
             "id": str,
             "created": float,
@@ -29,7 +29,7 @@ def _v1(db: sqlite_utils.Database) -> None:
         },
         pk="id",
     )
-    db["session_events"].create(
+    db.table("session_events").create(
         {
             "id": int,
             "session_id": str,
@@ -40,12 +40,12 @@ def _v1(db: sqlite_utils.Database) -> None:
         },
         pk="id",
     )
-    db["session_events"].create_index(["session_id"])
-    db["leases"].create(
+    db.table("session_events").create_index(["session_id"])
+    db.table("leases").create(
         {"session_id": str, "owner": str, "host": str, "pid": int, "expires": float},
         pk="session_id",
     )
-    db["runs"].create(
+    db.table("runs").create(
         {
             "id": str,
             "session_id": str,
@@ -60,13 +60,13 @@ def _v1(db: sqlite_utils.Database) -> None:
         },
         pk="id",
     )
-    db["run_ends"].create(
+    db.table("run_ends").create(
         {"run_id": str, "status": str, "output": str, "error": str, "finished": float},
         pk="run_id",
     )
-    db["runs"].create_index(["session_id"])
-    db["runs"].create_index(["parent_run_id", "parent_call_id"])
-    db["messages"].create(
+    db.table("runs").create_index(["session_id"])
+    db.table("runs").create_index(["parent_run_id", "parent_call_id"])
+    db.table("messages").create(
         {
             "id": int,
             "run_id": str,
@@ -78,8 +78,8 @@ def _v1(db: sqlite_utils.Database) -> None:
         },
         pk="id",
     )
-    db["messages"].create_index(["run_id", "seq"], unique=True)
-    db["calls"].create(
+    db.table("messages").create_index(["run_id", "seq"], unique=True)
+    db.table("calls").create(
         {
             "id": int,
             "run_id": str,
@@ -91,8 +91,8 @@ def _v1(db: sqlite_utils.Database) -> None:
         },
         pk="id",
     )
-    db["calls"].create_index(["run_id", "turn"])
-    db["call_outcomes"].create(
+    db.table("calls").create_index(["run_id", "turn"])
+    db.table("call_outcomes").create(
         {
             "id": int,
             "call_id": int,
@@ -108,8 +108,8 @@ def _v1(db: sqlite_utils.Database) -> None:
         },
         pk="id",
     )
-    db["call_outcomes"].create_index(["call_id"], unique=True)
-    db["tool_events"].create(
+    db.table("call_outcomes").create_index(["call_id"], unique=True)
+    db.table("tool_events").create(
         {
             "id": int,
             "run_id": str,
@@ -122,8 +122,8 @@ def _v1(db: sqlite_utils.Database) -> None:
         },
         pk="id",
     )
-    db["tool_events"].create_index(["run_id", "call_id"])
-    db["snapshots"].create(
+    db.table("tool_events").create_index(["run_id", "call_id"])
+    db.table("snapshots").create(
         {
             "id": int,
             "run_id": str,
@@ -135,8 +135,8 @@ def _v1(db: sqlite_utils.Database) -> None:
         },
         pk="id",
     )
-    db["snapshots"].create_index(["run_id", "version"], unique=True)
-    db["boundaries"].create(
+    db.table("snapshots").create_index(["run_id", "version"], unique=True)
+    db.table("boundaries").create(
         {
             "id": int,
             "run_id": str,
@@ -159,13 +159,13 @@ def _v1(db: sqlite_utils.Database) -> None:
         },
         pk="id",
     )
-    db["boundaries"].create_index(["run_id"])
-    db["spills"].create(
+    db.table("boundaries").create_index(["run_id"])
+    db.table("spills").create(
         {"handle": str, "run_id": str, "call_id": str, "content": str, "created": float},
         pk="handle",
     )
-    db["spills"].create_index(["run_id"])
-    db["cache_breaks"].create(
+    db.table("spills").create_index(["run_id"])
+    db.table("cache_breaks").create(
         {
             "id": int,
             "run_id": str,
@@ -177,7 +177,7 @@ def _v1(db: sqlite_utils.Database) -> None:
         },
         pk="id",
     )
-    db["cache_breaks"].create_index(["run_id"])
+    db.table("cache_breaks").create_index(["run_id"])
 
 
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]

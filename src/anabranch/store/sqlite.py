@@ -191,7 +191,8 @@ class SQLiteStore:
             return result
 
         with anyio.CancelScope(shield=True):
-            return await anyio.to_thread.run_sync(run, self._conn, limiter=self._limiter)
+            result = await anyio.to_thread.run_sync(run, self._conn, limiter=self._limiter)
+        return result
 
     @staticmethod
     def _insert(conn: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
