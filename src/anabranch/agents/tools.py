@@ -97,6 +97,15 @@ def _strip_titles(schema: Any) -> Any:
     return schema
 
 
+def _is_tool_context(annotation: Any) -> bool:
+    """``ToolContext``, ``ToolContext | None`` or ``Optional[ToolContext]``."""
+    if annotation is ToolContext:
+        return True
+    return ToolContext in typing.get_args(annotation) and all(
+        arg in (ToolContext, type(None)) for arg in typing.get_args(annotation)
+    )
+
+
 def _build_tool(
     function: Callable[..., Any],
     *,
@@ -128,7 +137,7 @@ def _build_tool(
                 f"tool {tool_name!r}: parameter {param.name!r} needs a type annotation"
             )
         annotation = hints[param.name]
-        if annotation is ToolContext:
+        if _is_tool_context(annotation):
             context_param = param.name
             continue
         default = ... if param.default is param.empty else param.default
