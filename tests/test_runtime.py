@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from anabranch import Agent, ContextPolicy, RetryPolicy, Runtime, ToolContext, tool
+from anabranch import Agent, RetryPolicy, Runtime, ToolContext, tool
 from anabranch.context.messages import Message, ModelRequest, TextBlock
 from anabranch.context.pairing import pairing_violations
 from anabranch.context.tokens import estimate_request
@@ -178,7 +178,7 @@ async def test_everything_is_committed_before_each_request(tmp_path: Path) -> No
         return [call("echo", text="x")] if len(seen) == 1 else [TextBlock(text="end")]
 
     @tool
-    async def echo(text: str) -> str:  # noqa: F811 - a store-inspecting variant
+    async def echo(text: str) -> str:
         """Check the assistant turn is committed before the tool runs."""
         rows = _rows(db, "SELECT role FROM messages ORDER BY seq DESC LIMIT 1")
         assert rows == [("assistant",)]
