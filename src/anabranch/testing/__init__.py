@@ -1,7 +1,25 @@
 """Test doubles users test their agents with: offline models and a local Messages API."""
 
+from anabranch.testing._cache import ManualClock as ManualClock
+from anabranch.testing._faults import Fault as Fault
+from anabranch.testing._faults import FaultKind as FaultKind
 from anabranch.testing.models import FunctionModel as FunctionModel
 from anabranch.testing.models import TestModel as TestModel
 from anabranch.testing.models import arguments_for_schema as arguments_for_schema
+from anabranch.testing.policies import ScriptedPolicy as ScriptedPolicy
+from anabranch.testing.policies import ScriptExhaustedError as ScriptExhaustedError
+from anabranch.testing.records import RequestRecord as RequestRecord
+from anabranch.testing.server import MessagesServer as MessagesServer
 
-__all__ = ["FunctionModel", "TestModel", "arguments_for_schema"]
+__all__ = [
+    "Fault",
+    "FaultKind",
+    "FunctionModel",
+    "ManualClock",
+    "MessagesServer",
+    "RequestRecord",
+    "ScriptExhaustedError",
+    "ScriptedPolicy",
+    "TestModel",
+    "arguments_for_schema",
+]

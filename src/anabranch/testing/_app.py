@@ -1,0 +1,317 @@
+"""The Messages API application: auth, routing, faults, validation, policy, cache, log.
+
+Independent of sockets: ``handle`` turns one ``HTTPRequest`` into a ``Reply`` (or a hangup).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+
+from anabranch.context.messages import Message, ModelResponse, Usage
+from anabranch.context.tokens import estimate_messages, estimate_request
+from anabranch.errors import (
+    ModelAPIError,
+    ModelConnectionError,
+    OverloadedError,
+    PromptTooLongError,
+    RateLimitedError,
+)
+from anabranch.runtime.model import Model
+from anabranch.testing._cache import PromptCache, prefix_blocks
+from anabranch.testing._faults import Fault, FaultPlan
+from anabranch.testing._http import Hangup, HTTPRequest, Reply
+from anabranch.testing._validation import validate
+from anabranch.testing._wire import (
+    APIFailure,
+    WireRequest,
+    error_body,
+    message_json,
+    parse_body,
+    sse_event,
+    stream_events,
+)
+from anabranch.testing.records import RequestRecord
+
+__all__ = ["AppSettings", "MessagesApp"]
+
+log = logging.getLogger(__name__)
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+_RATE_LIMIT_MESSAGE = (
+    "This request would exceed the rate limit for your organization of 50 requests per "
+    "minute. For details, refer to: https://docs.claude.com/en/api/rate-limits."
+)
+
+
+@dataclass
+class AppSettings:
+    """Behaviour knobs of one server (see ``MessagesServer`` for their meaning)."""
+
+    context_limit: int = 200_000
+    latency: float = 0.0
+    retry_after: float = 1.0
+    api_key: str | None = None
+
+
+@dataclass
+class _Trace:
+    """What gets logged about the request being served."""
+
+    endpoint: Literal["messages", "count_tokens", "other"]
+    request_id: str
+    timestamp: float
+    model: str | None = None
+    stream: bool = False
+    message_id: str | None = None
+    usage: Usage | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    fault: Fault | None = None
+    wire: WireRequest | None = field(default=None)
+
+    def record(self, status: int) -> RequestRecord:
+        return RequestRecord(
+            endpoint=self.endpoint,
+            request_id=self.request_id,
+            timestamp=self.timestamp,
+            status=status,
+            model=self.model,
+            stream=self.stream,
+            message_id=self.message_id,
+            usage=self.usage,
+            error_type=self.error_type,
+            error_message=self.error_message,
+            fault=self.fault.kind if self.fault else None,
+            request=self.wire.request if self.wire else None,
+        )
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_01{uuid.uuid4().hex[:22]}"
+
+
+def _header_number(seconds: float) -> str:
+    return str(int(seconds)) if float(seconds).is_integer() else repr(float(seconds))
+
+
+def _failure_from_model_error(exc: ModelAPIError) -> APIFailure:
+    """A policy's ``ModelAPIError`` as the HTTP error the real API would send."""
+    if isinstance(exc, RateLimitedError):
+        status = exc.status_code or 429
+    elif isinstance(exc, OverloadedError):
+        status = exc.status_code or 529
+    elif isinstance(exc, PromptTooLongError):
+        status = exc.status_code or 400
+    else:
+        status = exc.status_code or 500
+    headers = {}
+    if exc.retry_after is not None:
+        headers["retry-after"] = _header_number(exc.retry_after)
+    error_type = exc.error_type or _ERROR_TYPES.get(status, "api_error")
+    return APIFailure(status, error_type, str(exc), headers)
+
+
+class MessagesApp:
+    """Serves ``/v1/messages`` and ``/v1/messages/count_tokens`` from a policy."""
+
+    def __init__(
+        self,
+        *,
+        policy: Model,
+        cache: PromptCache,
+        faults: FaultPlan,
+        settings: AppSettings,
+        log: list[RequestRecord],
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self.cache = cache
+        self.faults = faults
+        self.settings = settings
+        self.log = log
+        self._wall_clock = wall_clock
+
+    # -- replies -------------------------------------------------------------------------
+
+    def _headers(self, trace: _Trace, content_type: str) -> list[tuple[str, str]]:
+        return [
+            ("content-type", content_type),
+            ("request-id", trace.request_id),
+            ("server", "anabranch-testing"),
+        ]
+
+    def _json(self, trace: _Trace, status: int, payload: dict[str, Any]) -> Reply:
+        self.log.append(trace.record(status))
+        body = json.dumps(payload).encode()
+        headers = self._headers(trace, "application/json")
+        return Reply(status=status, headers=tuple(headers), chunks=(body,))
+
+    def _error(self, trace: _Trace, failure: APIFailure) -> Reply:
+        trace.error_type = failure.error_type
+        trace.error_message = failure.message
+        self.log.append(trace.record(failure.status))
+        body = json.dumps(error_body(failure.error_type, failure.message, trace.request_id))
+        headers = self._headers(trace, "application/json")
+        retryable = failure.status in (408, 409, 429) or failure.status >= 500
+        headers.append(("x-should-retry", "true" if retryable else "false"))
+        headers.extend(failure.headers.items())
+        return Reply(status=failure.status, headers=tuple(headers), chunks=(body.encode(),))
+
+    def _hangup(self, trace: _Trace, reason: str) -> Hangup:
+        trace.error_message = reason
+        self.log.append(trace.record(0))
+        return Hangup(reason)
+
+    # -- entry point ---------------------------------------------------------------------
+
+    async def handle(self, request: HTTPRequest) -> Reply | Hangup:
+        """Answer one HTTP request."""
+        endpoint: Literal["messages", "count_tokens", "other"] = "other"
+        if request.path.rstrip("/") == "/v1/messages":
+            endpoint = "messages"
+        elif request.path.rstrip("/") == "/v1/messages/count_tokens":
+            endpoint = "count_tokens"
+        trace = _Trace(endpoint, _new_id("req"), self._wall_clock())
+        try:
+            if endpoint == "other" or request.method != "POST":
+                raise APIFailure(404, "not_found_error", "Not Found")
+            self._authenticate(request)
+            if request.too_large:
+                raise APIFailure(413, "request_too_large", "Request exceeds the maximum size")
+            if endpoint == "count_tokens":
+                return self._count_tokens(trace, request)
+            return await self._messages(trace, request)
+        except APIFailure as failure:
+            return self._error(trace, failure)
+
+    def _authenticate(self, request: HTTPRequest) -> None:
+        key = request.headers.get("x-api-key")
+        bearer = request.headers.get("authorization", "")
+        if bearer.lower().startswith("bearer "):
+            key = key or bearer[7:].strip()
+        if not key:
+            raise APIFailure(401, "authentication_error", "x-api-key header is required")
+        if self.settings.api_key is not None and key != self.settings.api_key:
+            raise APIFailure(401, "authentication_error", "invalid x-api-key")
+        if not request.headers.get("anthropic-version"):
+            raise APIFailure.invalid("anthropic-version: header is required")
+
+    def _count_tokens(self, trace: _Trace, request: HTTPRequest) -> Reply:
+        wire = parse_body(request.body, count_tokens=True)
+        trace.wire, trace.model = wire, wire.request.model
+        validate(wire, context_limit=None)
+        tokens = estimate_request(wire.request)
+        trace.usage = Usage(input_tokens=tokens)
+        return self._json(trace, 200, {"input_tokens": tokens})
+
+    # -- messages ------------------------------------------------------------------------
+
+    async def _messages(self, trace: _Trace, request: HTTPRequest) -> Reply | Hangup:
+        fault = trace.fault = self.faults.next()
+        delay = self.settings.latency + (fault.delay if fault and fault.kind == "latency" else 0)
+        if delay:
+            await anyio.sleep(delay)
+        try:
+            wire = parse_body(request.body)
+        except APIFailure:
+            if fault is None or fault.kind in ("latency", "stream_error", "disconnect"):
+                raise
+            wire = None  # the gateway answers before the body is looked at
+        if wire is not None:
+            trace.wire, trace.model, trace.stream = wire, wire.request.model, wire.stream
+        if fault is not None:
+            self._raise_for_fault(fault, stream=trace.stream)
+        assert wire is not None
+        validate(wire, context_limit=self.settings.context_limit)
+        response = await self._ask_policy(trace, wire)
+        if isinstance(response, Hangup):
+            return response
+        trace.message_id, trace.usage = response.id, response.usage
+        if wire.stream:
+            return self._stream_reply(trace, response, fault)
+        dropping = fault is not None and fault.kind == "disconnect"
+        if dropping:
+            trace.error_message = "connection dropped mid-response"
+        reply = self._json(trace, 200, message_json(response))
+        if dropping:
+            body = reply.chunks[0]
+            half = len(body) // 2
+            return Reply(reply.status, reply.headers, (body[:half], body[half:]), drop_after=1)
+        return reply
+
+    def _raise_for_fault(self, fault: Fault, *, stream: bool) -> None:
+        kind = fault.kind
+        if kind == "rate_limit":
+            retry_after = fault.retry_after
+            if retry_after is None:
+                retry_after = self.settings.retry_after
+            headers = {"retry-after": _header_number(retry_after)}
+            raise APIFailure(429, "rate_limit_error", _RATE_LIMIT_MESSAGE, headers)
+        if kind == "overloaded" or (kind == "stream_error" and not stream):
+            headers = {}
+            if fault.retry_after is not None:
+                headers["retry-after"] = _header_number(fault.retry_after)
+            raise APIFailure(529, "overloaded_error", "Overloaded", headers)
+        if kind == "server_error":
+            raise APIFailure(500, "api_error", "Internal server error")
+
+    async def _ask_policy(self, trace: _Trace, wire: WireRequest) -> ModelResponse | Hangup:
+        request = wire.request
+        if request.max_tokens == 0:
+            response = ModelResponse(content=(), stop_reason="max_tokens")
+        else:
+            try:
+                response = await self.policy.request(request)
+            except ModelConnectionError as exc:
+                return self._hangup(trace, str(exc))
+            except ModelAPIError as exc:
+                raise _failure_from_model_error(exc) from exc
+            except Exception as exc:
+                log.exception("the policy failed on request %s", trace.request_id)
+                trace.error_message = f"{type(exc).__name__}: {exc}"
+                raise APIFailure(500, "api_error", "Internal server error") from exc
+        blocks = prefix_blocks(request, wire.cache_marks, salt=wire.salt)
+        usage = self.cache.account(request.model, blocks, estimate_request(request))
+        output = response.usage.output_tokens
+        if not output and response.content:
+            output = estimate_messages([Message(role="assistant", content=response.content)])
+        return response.model_copy(
+            update={
+                "id": _new_id("msg"),
+                "model": request.model,
+                "usage": usage.model_copy(update={"output_tokens": output}),
+            }
+        )
+
+    def _stream_reply(self, trace: _Trace, response: ModelResponse, fault: Fault | None) -> Reply:
+        events = [sse_event(e) for e in stream_events(response)]
+        headers = self._headers(trace, "text/event-stream; charset=utf-8")
+        headers.append(("cache-control", "no-cache"))
+        cut = max(3, len(events) // 2)  # after message_start, ping and a block start
+        drop_after: int | None = None
+        if fault is not None and fault.kind == "stream_error":
+            trace.error_type, trace.error_message = "overloaded_error", "Overloaded"
+            error = error_body("overloaded_error", "Overloaded", trace.request_id)
+            events = [*events[:cut], sse_event(error)]
+        elif fault is not None and fault.kind == "disconnect":
+            trace.error_message = "connection dropped mid-stream"
+            drop_after = cut
+        self.log.append(trace.record(200))
+        return Reply(200, tuple(headers), tuple(events), stream=True, drop_after=drop_after)

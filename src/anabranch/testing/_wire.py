@@ -1,0 +1,427 @@
+"""Messages API wire format: request JSON -> ``ModelRequest``, responses -> JSON and SSE.
+
+Shape errors are reported the way the API does: ``<path>: <message>`` with pydantic-style
+wording (``max_tokens: Field required``, ``...: Extra inputs are not permitted``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, NoReturn
+
+from anabranch.context.messages import (
+    Block,
+    CacheTTL,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    SystemBlock,
+    TextBlock,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+    canonical_json,
+)
+
+__all__ = [
+    "APIFailure",
+    "BlockRef",
+    "WireRequest",
+    "error_body",
+    "message_json",
+    "parse_body",
+    "sse_event",
+    "stream_events",
+    "usage_json",
+]
+
+BlockRef = tuple[Literal["tool", "system", "message"], int, int]
+"""Where a cache breakpoint sits: ("tool", i, 0), ("system", i, 0) or ("message", i, j)."""
+
+_MESSAGE_FIELDS = frozenset(
+    {
+        "model", "messages", "max_tokens", "system", "tools", "tool_choice", "stream",
+        "metadata", "stop_sequences", "temperature", "top_p", "top_k", "thinking",
+        "cache_control", "service_tier", "container", "output_config", "inference_geo",
+        "speed", "diagnostics", "user_profile_id", "workspace_id", "mcp_servers",
+        "context_management",
+    }
+)  # fmt: skip
+_COUNT_FIELDS = frozenset(
+    {
+        "model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control",
+        "output_config", "speed", "mcp_servers", "context_management",
+    }
+)  # fmt: skip
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+_TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
+
+
+class APIFailure(Exception):
+    """An error answer: HTTP status, the API's error type and message, extra headers."""
+
+    def __init__(
+        self,
+        status: int,
+        error_type: str,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+        self.headers = dict(headers or {})
+
+    @classmethod
+    def invalid(cls, message: str) -> APIFailure:
+        """A 400 ``invalid_request_error``."""
+        return cls(400, "invalid_request_error", message)
+
+
+@dataclass(frozen=True)
+class WireRequest:
+    """A parsed request body: our ``ModelRequest`` plus what only the wire knows."""
+
+    request: ModelRequest
+    stream: bool = False
+    cache_marks: Mapping[BlockRef, CacheTTL] = field(default_factory=dict)
+    """Every block carrying ``cache_control`` (including the automatic top-level one)."""
+    breakpoint_count: int = 0
+    """Blocks with ``cache_control`` plus one for a top-level ``cache_control``."""
+    salt: str = ""
+    """Request options that key the messages part of the cache (tool_choice, thinking)."""
+
+
+def _fail(path: str, message: str) -> NoReturn:
+    raise APIFailure.invalid(f"{path}: {message}")
+
+
+def _dict(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        _fail(path, "Input should be a valid dictionary")
+    return value
+
+
+def _list(value: Any, path: str) -> list[Any]:
+    if not isinstance(value, list):
+        _fail(path, "Input should be a valid list")
+    return value
+
+
+def _str(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        _fail(path, "Input should be a valid string")
+    return value
+
+
+def _required(obj: dict[str, Any], key: str, path: str) -> Any:
+    if key not in obj:
+        _fail(f"{path}.{key}" if path else key, "Field required")
+    return obj[key]
+
+
+def _no_extra(obj: dict[str, Any], allowed: frozenset[str], path: str) -> None:
+    for key in obj:
+        if key not in allowed:
+            _fail(f"{path}.{key}" if path else key, "Extra inputs are not permitted")
+
+
+def _cache_ttl(obj: dict[str, Any], path: str) -> CacheTTL | None:
+    raw = obj.get("cache_control")
+    if raw is None:
+        return None
+    where = f"{path}.cache_control" if path else "cache_control"
+    control = _dict(raw, where)
+    _no_extra(control, frozenset({"type", "ttl"}), where)
+    if control.get("type") != "ephemeral":
+        _fail(f"{where}.type", "Input should be 'ephemeral'")
+    ttl = control.get("ttl", "5m")
+    if ttl not in ("5m", "1h"):
+        _fail(f"{where}.ttl", "Input should be '5m' or '1h'")
+    return "1h" if ttl == "1h" else "5m"
+
+
+def _text(obj: dict[str, Any], path: str) -> str:
+    _no_extra(obj, frozenset({"type", "text", "cache_control", "citations"}), path)
+    return _str(_required(obj, "text", path), f"{path}.text")
+
+
+def _tool_result_content(value: Any, path: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    parts = []
+    for k, item in enumerate(_list(value, path)):
+        item_path = f"{path}.{k}"
+        item = _dict(item, item_path)
+        if item.get("type") != "text":
+            _fail(f"{item_path}.type", _unsupported(item.get("type")))
+        parts.append(_text(item, f"{item_path}.text"))
+    return "".join(parts)
+
+
+def _unsupported(kind: Any) -> str:
+    return f"content type {kind!r} is not supported by this local server"
+
+
+def _block(raw: Any, path: str) -> tuple[Block, CacheTTL | None]:
+    obj = _dict(raw, path)
+    kind = obj.get("type")
+    tagged = f"{path}.{kind}"
+    if kind == "text":
+        return TextBlock(text=_text(obj, tagged)), _cache_ttl(obj, tagged)
+    if kind == "tool_use":
+        _no_extra(obj, frozenset({"type", "id", "name", "input", "cache_control"}), tagged)
+        block_id = _str(_required(obj, "id", tagged), f"{tagged}.id")
+        if not _TOOL_ID.match(block_id):
+            _fail(f"{tagged}.id", "String should match pattern '^[a-zA-Z0-9_-]+$'")
+        name = _str(_required(obj, "name", tagged), f"{tagged}.name")
+        arguments = _dict(_required(obj, "input", tagged), f"{tagged}.input")
+        block = ToolUseBlock(id=block_id, name=name, input=arguments)
+        return block, _cache_ttl(obj, tagged)
+    if kind == "tool_result":
+        allowed = frozenset({"type", "tool_use_id", "content", "is_error", "cache_control"})
+        _no_extra(obj, allowed, tagged)
+        use_id = _str(_required(obj, "tool_use_id", tagged), f"{tagged}.tool_use_id")
+        content = _tool_result_content(obj.get("content"), f"{tagged}.content")
+        is_error = obj.get("is_error", False)
+        if not isinstance(is_error, bool):
+            _fail(f"{tagged}.is_error", "Input should be a valid boolean")
+        result = ToolResultBlock(tool_use_id=use_id, content=content, is_error=is_error)
+        return result, _cache_ttl(obj, tagged)
+    if kind is None:
+        _fail(f"{path}.type", "Field required")
+    _fail(f"{path}.type", _unsupported(kind))
+
+
+def _messages(
+    raw: Any, marks: dict[BlockRef, CacheTTL]
+) -> tuple[tuple[Message, ...], tuple[tuple[int, CacheTTL], ...]]:
+    messages: list[Message] = []
+    breakpoints: list[tuple[int, CacheTTL]] = []
+    for i, item in enumerate(_list(raw, "messages")):
+        path = f"messages.{i}"
+        obj = _dict(item, path)
+        _no_extra(obj, frozenset({"role", "content"}), path)
+        role = _required(obj, "role", path)
+        if role not in ("user", "assistant"):
+            _fail(f"{path}.role", "Input should be 'user' or 'assistant'")
+        content = _required(obj, "content", path)
+        blocks: list[Block] = []
+        if isinstance(content, str):
+            if content:
+                blocks.append(TextBlock(text=content))
+        else:
+            for j, raw_block in enumerate(_list(content, f"{path}.content")):
+                block, ttl = _block(raw_block, f"{path}.content.{j}")
+                blocks.append(block)
+                if ttl is not None:
+                    marks["message", i, j] = ttl
+        if blocks and ("message", i, len(blocks) - 1) in marks:
+            breakpoints.append((i, marks["message", i, len(blocks) - 1]))
+        messages.append(Message(role=role, content=tuple(blocks)))
+    return tuple(messages), tuple(breakpoints)
+
+
+def _system(raw: Any, marks: dict[BlockRef, CacheTTL]) -> tuple[SystemBlock, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        return (SystemBlock(text=raw),) if raw else ()
+    blocks = []
+    for i, item in enumerate(_list(raw, "system")):
+        path = f"system.{i}"
+        obj = _dict(item, path)
+        if obj.get("type") != "text":
+            _fail(f"{path}.type", "Input should be 'text'")
+        text = _text(obj, path)
+        if not text:
+            _fail("system", "text content blocks must be non-empty")
+        ttl = _cache_ttl(obj, path)
+        if ttl is not None:
+            marks["system", i, 0] = ttl
+        blocks.append(SystemBlock(text=text, cache=ttl))
+    return tuple(blocks)
+
+
+def _tools(raw: Any, marks: dict[BlockRef, CacheTTL]) -> tuple[ToolDefinition, ...]:
+    if raw is None:
+        return ()
+    tools = []
+    allowed = frozenset({"type", "name", "description", "input_schema", "cache_control"})
+    for i, item in enumerate(_list(raw, "tools")):
+        obj = _dict(item, f"tools.{i}")
+        kind = obj.get("type", "custom")
+        if kind != "custom":
+            _fail(f"tools.{i}.type", f"tool type {kind!r} is not supported by this local server")
+        path = f"tools.{i}.custom"
+        _no_extra(obj, allowed, path)
+        name = _str(_required(obj, "name", path), f"{path}.name")
+        if not _TOOL_NAME.match(name):
+            _fail(f"{path}.name", "String should match pattern '^[a-zA-Z0-9_-]{1,128}$'")
+        description = _str(obj.get("description", ""), f"{path}.description")
+        schema = _dict(_required(obj, "input_schema", path), f"{path}.input_schema")
+        ttl = _cache_ttl(obj, path)
+        if ttl is not None:
+            marks["tool", i, 0] = ttl
+        tools.append(
+            ToolDefinition(name=name, description=description, input_schema=schema, cache=ttl)
+        )
+    return tuple(tools)
+
+
+def parse_body(raw: bytes, *, count_tokens: bool = False) -> WireRequest:
+    """Parse a ``/v1/messages`` (or ``/count_tokens``) body; raise ``APIFailure`` on bad shape."""
+    try:
+        decoded = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIFailure.invalid(f"There was an issue with your request body: {exc}") from None
+    body = _dict(decoded, "body")
+    _no_extra(body, _COUNT_FIELDS if count_tokens else _MESSAGE_FIELDS, "")
+    model = _str(_required(body, "model", ""), "model")
+    max_tokens = 4096
+    if not count_tokens:
+        max_tokens = _required(body, "max_tokens", "")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+            _fail("max_tokens", "Input should be a valid integer")
+        if max_tokens < 0:
+            _fail("max_tokens", "Input should be greater than or equal to 0")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        _fail("stream", "Input should be a valid boolean")
+    if stream and max_tokens == 0:
+        _fail("max_tokens", "must be greater than 0 when streaming")
+    marks: dict[BlockRef, CacheTTL] = {}
+    tools = _tools(body.get("tools"), marks)
+    system = _system(body.get("system"), marks)
+    messages, breakpoints = _messages(_required(body, "messages", ""), marks)
+    count = len(marks)
+    automatic = body.get("cache_control")
+    if automatic is not None:
+        ttl = _cache_ttl(body, "")
+        count += 1
+        last = len(messages) - 1
+        if ttl is not None and last >= 0 and messages[last].content:
+            ref: BlockRef = ("message", last, len(messages[last].content) - 1)
+            marks.setdefault(ref, ttl)
+            if not breakpoints or breakpoints[-1][0] != last:
+                breakpoints = (*breakpoints, (last, ttl))
+    request = ModelRequest(
+        model=model,
+        system=system,
+        tools=tools,
+        messages=messages,
+        max_tokens=max_tokens,
+        message_breakpoints=breakpoints,
+    )
+    salt = canonical_json([body.get("tool_choice"), body.get("thinking")])
+    return WireRequest(
+        request=request, stream=stream, cache_marks=marks, breakpoint_count=count, salt=salt
+    )
+
+
+# -- responses ---------------------------------------------------------------------------
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    """The API's ``usage`` object."""
+    return {
+        "input_tokens": usage.input_tokens,
+        "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+        "cache_read_input_tokens": usage.cache_read_input_tokens,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": usage.cache_creation_5m_input_tokens,
+            "ephemeral_1h_input_tokens": usage.cache_creation_1h_input_tokens,
+        },
+        "output_tokens": usage.output_tokens,
+        "service_tier": "standard",
+    }
+
+
+def _block_json(block: Block) -> dict[str, Any]:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ToolUseBlock):
+        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    raise ValueError("a model response cannot contain tool_result blocks")
+
+
+def message_json(response: ModelResponse) -> dict[str, Any]:
+    """The API's ``Message`` object for a complete response."""
+    return {
+        "id": response.id,
+        "type": "message",
+        "role": "assistant",
+        "model": response.model,
+        "content": [_block_json(b) for b in response.content],
+        "stop_reason": response.stop_reason,
+        "stop_sequence": None,
+        "usage": usage_json(response.usage),
+    }
+
+
+def error_body(error_type: str, message: str, request_id: str) -> dict[str, Any]:
+    """The API's error envelope."""
+    return {
+        "type": "error",
+        "error": {"type": error_type, "message": message},
+        "request_id": request_id,
+    }
+
+
+def sse_event(data: dict[str, Any]) -> bytes:
+    """One server-sent event, named after its ``type``."""
+    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _pieces(text: str, count: int = 3) -> list[str]:
+    """``text`` split into at most ``count`` roughly equal non-empty pieces."""
+    if not text:
+        return []
+    size = math.ceil(len(text) / count)
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def stream_events(response: ModelResponse) -> list[dict[str, Any]]:
+    """The SSE events the API streams for ``response``, in order (``ping`` included)."""
+    start = message_json(response)
+    start.update(content=[], stop_reason=None)
+    start["usage"] = {**start["usage"], "output_tokens": min(1, response.usage.output_tokens)}
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": start},
+        {"type": "ping"},
+    ]
+    for index, block in enumerate(response.content):
+        deltas: list[dict[str, Any]]
+        if isinstance(block, TextBlock):
+            opening: dict[str, Any] = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": p} for p in _pieces(block.text)]
+        elif isinstance(block, ToolUseBlock):
+            opening = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
+            deltas = [
+                {"type": "input_json_delta", "partial_json": p}
+                for p in ["", *_pieces(json.dumps(block.input))]
+            ]
+        else:
+            raise ValueError("a model response cannot contain tool_result blocks")
+        events.append({"type": "content_block_start", "index": index, "content_block": opening})
+        events.extend({"type": "content_block_delta", "index": index, "delta": d} for d in deltas)
+        events.append({"type": "content_block_stop", "index": index})
+    usage = usage_json(response.usage)
+    del usage["cache_creation"], usage["service_tier"]
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": response.stop_reason, "stop_sequence": None},
+            "usage": usage,
+        }
+    )
+    events.append({"type": "message_stop"})
+    return events
