@@ -165,7 +165,7 @@ class MessagesApp:
 
     def _error(self, trace: _Trace, failure: APIFailure) -> Reply:
         trace.error_type = failure.error_type
-        trace.error_message = failure.message
+        trace.error_message = trace.error_message or failure.message
         self.log.append(trace.record(failure.status))
         body = json.dumps(error_body(failure.error_type, failure.message, trace.request_id))
         headers = self._headers(trace, "application/json")

@@ -62,9 +62,7 @@ class _Closed(Exception):
     """The peer went away or the connection is unusable."""
 
 
-async def _next_event(
-    conn: h11.Connection, stream: ByteStream
-) -> h11.Event | type[h11.PAUSED]:
+async def _next_event(conn: h11.Connection, stream: ByteStream) -> h11.Event | type[h11.PAUSED]:
     while True:
         try:
             event = conn.next_event()

@@ -51,8 +51,7 @@ def _check_content(messages: Sequence[Message]) -> None:
                 )
             if isinstance(block, ToolResultBlock) and message.role != "user":
                 raise _invalid(
-                    f"messages.{i}.content.{j}: `tool_result` blocks can only be in "
-                    "`user` messages"
+                    f"messages.{i}.content.{j}: `tool_result` blocks can only be in `user` messages"
                 )
     final = messages[last]
     if final.role == "assistant" and final.content:
@@ -89,9 +88,7 @@ def _check_pairing(messages: Sequence[Message]) -> None:
             if not uses:
                 continue
             following = messages[i + 1] if i + 1 < len(messages) else None
-            answered = (
-                {r.tool_use_id for r in _leading_results(following)} if following else set()
-            )
+            answered = {r.tool_use_id for r in _leading_results(following)} if following else set()
             missing = [u for u in uses if u not in answered]
             if missing:
                 raise _invalid(

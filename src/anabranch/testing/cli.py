@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import anyio
 
-__all__ = ["add_serve_command", "main", "serve"]
+__all__ = ["add_serve_command", "cmd_serve", "main", "register", "serve"]
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +24,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_serve_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``serve``: prints ``PORT=<n>`` first, then serves until SIGINT/SIGTERM."""
+    """Register ``serve``: prints ``PORT=<n>`` first, then serves until SIGINT/SIGTERM.
+
+    Sets the ``handler`` default to the async ``cmd_serve`` (run it with
+    ``anyio.run(args.handler, args)``) and ``func`` to the blocking ``serve``.
+    """
     parser = subparsers.add_parser(
         "serve",
         help="serve a local Anthropic Messages API answered by TestModel",
@@ -32,10 +36,17 @@ def add_serve_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "The first line of stdout is PORT=<n>.",
     )
     _add_arguments(parser)
-    parser.set_defaults(func=serve)
+    parser.set_defaults(handler=cmd_serve, func=serve)
 
 
-async def _serve(args: argparse.Namespace) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``testing`` command group (``anabranch testing serve``) to a CLI."""
+    testing = commands.add_parser("testing", help="local test servers")
+    add_serve_command(testing.add_subparsers(dest="testing_command", required=True))
+
+
+async def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM (async handler); returns the exit status."""
     from anabranch.testing.models import TestModel
     from anabranch.testing.server import MessagesServer
 
@@ -55,12 +66,12 @@ async def _serve(args: argparse.Namespace) -> None:
             print(f"serving the Messages API at {server.base_url}", file=sys.stderr, flush=True)
             async for _ in signals:
                 break
+    return 0
 
 
 def serve(args: argparse.Namespace) -> int:
     """Blocking: serve until SIGINT or SIGTERM. Returns the exit status."""
-    anyio.run(_serve, args)
-    return 0
+    return anyio.run(cmd_serve, args)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

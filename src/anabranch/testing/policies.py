@@ -47,7 +47,7 @@ class ScriptedPolicy:
     @property
     def remaining(self) -> int:
         """Responses not used yet."""
-        return len(self.script) - len(self.requests)
+        return max(0, len(self.script) - len(self.requests))
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         index = len(self.requests)
