@@ -7,11 +7,18 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anthropic
+import anyio
 import httpx2
 import pytest
 
-from anabranch.context.messages import ModelRequest, ModelResponse, TextBlock, ToolUseBlock
-from anabranch.errors import RateLimitedError
+from anabranch.context.messages import (
+    ModelRequest,
+    ModelResponse,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from anabranch.errors import ModelConnectionError, RateLimitedError
 from anabranch.testing import (
     FunctionModel,
     MessagesServer,
@@ -248,3 +255,53 @@ async def test_keep_alive_serves_many_requests_on_one_client() -> None:
         for _ in range(5):
             await client.messages.create(model="m", max_tokens=5, messages=USER)
     assert [r.status for r in srv.log] == [200] * 5
+
+
+async def test_policy_connection_error_drops_the_connection() -> None:
+    def unreachable(request: ModelRequest) -> str:
+        raise ModelConnectionError("network is down")
+
+    async with serve(FunctionModel(unreachable)) as (srv, client):
+        with pytest.raises(anthropic.APIConnectionError):
+            await client.messages.create(model="m", max_tokens=5, messages=USER)
+    assert srv.log[0].status == 0
+
+
+async def test_policy_answering_with_a_tool_result_is_a_server_error() -> None:
+    bad = [ToolResultBlock(tool_use_id="toolu_1", content="not a model output")]
+    async with serve([bad]) as (srv, client):
+        with pytest.raises(anthropic.InternalServerError):
+            await client.messages.create(model="m", max_tokens=5, messages=USER)
+    assert srv.log[0].error_message == "the policy answered with a tool_result block"
+
+
+async def test_concurrent_requests_are_served_independently() -> None:
+    answers: dict[int, str] = {}
+
+    async def ask(index: int) -> None:
+        message = await client.messages.create(
+            model="m", max_tokens=20, messages=[{"role": "user", "content": f"question {index}"}]
+        )
+        block = message.content[0]
+        assert block.type == "text"
+        answers[index] = block.text
+
+    async with serve(TestModel()) as (srv, client):
+        async with anyio.create_task_group() as group:
+            for index in range(6):
+                group.start_soon(ask, index)
+    assert sorted(answers) == list(range(6))
+    assert all(f"question {i}" in answers[i] for i in range(6))
+    assert len({r.message_id for r in srv.log}) == 6
+
+
+async def test_anthropic_version_header_is_required() -> None:
+    async with serve() as (srv, _):
+        async with httpx2.AsyncClient(base_url=srv.base_url) as http:
+            response = await http.post(
+                "/v1/messages",
+                headers={"x-api-key": "k"},
+                json={"model": "m", "max_tokens": 10, "messages": USER},
+            )
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "anthropic-version: header is required"

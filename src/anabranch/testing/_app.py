@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import anyio
 
-from anabranch.context.messages import Message, ModelResponse, Usage
+from anabranch.context.messages import Message, ModelResponse, ToolResultBlock, Usage
 from anabranch.context.tokens import estimate_messages, estimate_request
 from anabranch.errors import (
     ModelAPIError,
@@ -287,6 +287,9 @@ class MessagesApp:
                 log.exception("the policy failed on request %s", trace.request_id)
                 trace.error_message = f"{type(exc).__name__}: {exc}"
                 raise APIFailure(500, "api_error", "Internal server error") from exc
+        if any(isinstance(b, ToolResultBlock) for b in response.content):
+            trace.error_message = "the policy answered with a tool_result block"
+            raise APIFailure(500, "api_error", "Internal server error")
         blocks = prefix_blocks(request, wire.cache_marks, salt=wire.salt)
         usage = self.cache.account(request.model, blocks, estimate_request(request))
         output = response.usage.output_tokens
