@@ -19,7 +19,7 @@ from anabranch.errors import (
     ServerError,
 )
 from anabranch.runtime.anthropic_model import AnthropicModel
-from anabranch.testing import Fault, FaultKind, MessagesServer, TestModel
+from anabranch.testing import Fault, FaultKind, FaultPlan, MessagesServer, TestModel
 
 pytestmark = pytest.mark.anyio
 
@@ -224,3 +224,18 @@ async def test_model_maps_prompt_too_long_with_numbers() -> None:
     assert caught.value.maximum == 300
     assert caught.value.tokens == counted
     assert caught.value.status_code == 400
+
+
+def test_fault_plan_serves_queued_faults_before_random_ones() -> None:
+    plan = FaultPlan(["server_error"], rate=1.0, seed=1, kinds=["latency"])
+    plan.push(Fault(kind="rate_limit", retry_after=3))
+    drawn = [plan.next() for _ in range(3)]
+    assert [f.kind if f else None for f in drawn] == ["server_error", "rate_limit", "latency"]
+    assert drawn[2] is not None and drawn[2].latency > 0
+    assert drawn[1] is not None and drawn[1].latency == 0.0
+    assert plan.pending == 0
+
+
+def test_fault_rate_outside_zero_to_one_is_rejected() -> None:
+    with pytest.raises(ValueError, match="fault_rate"):
+        MessagesServer(fault_rate=1.5)

@@ -3,6 +3,7 @@
 from anabranch.testing._cache import ManualClock as ManualClock
 from anabranch.testing._faults import Fault as Fault
 from anabranch.testing._faults import FaultKind as FaultKind
+from anabranch.testing._faults import FaultPlan as FaultPlan
 from anabranch.testing.models import FunctionModel as FunctionModel
 from anabranch.testing.models import TestModel as TestModel
 from anabranch.testing.models import arguments_for_schema as arguments_for_schema
@@ -14,6 +15,7 @@ from anabranch.testing.server import MessagesServer as MessagesServer
 __all__ = [
     "Fault",
     "FaultKind",
+    "FaultPlan",
     "FunctionModel",
     "ManualClock",
     "MessagesServer",

@@ -225,20 +225,18 @@ class MessagesApp:
 
     async def _messages(self, trace: _Trace, request: HTTPRequest) -> Reply | Hangup:
         fault = trace.fault = self.faults.next()
-        delay = self.settings.latency + (fault.delay if fault and fault.kind == "latency" else 0)
+        delay = self.settings.latency + (fault.latency if fault else 0.0)
         if delay:
             await anyio.sleep(delay)
         try:
             wire = parse_body(request.body)
         except APIFailure:
-            if fault is None or fault.kind in ("latency", "stream_error", "disconnect"):
-                raise
-            wire = None  # the gateway answers before the body is looked at
-        if wire is not None:
-            trace.wire, trace.model, trace.stream = wire, wire.request.model, wire.stream
+            if fault is not None:  # an error fault answers before the body is looked at
+                self._raise_for_fault(fault, stream=False)
+            raise
+        trace.wire, trace.model, trace.stream = wire, wire.request.model, wire.stream
         if fault is not None:
-            self._raise_for_fault(fault, stream=trace.stream)
-        assert wire is not None
+            self._raise_for_fault(fault, stream=wire.stream)
         validate(wire, context_limit=self.settings.context_limit)
         response = await self._ask_policy(trace, wire)
         if isinstance(response, Hangup):
@@ -257,6 +255,7 @@ class MessagesApp:
         return reply
 
     def _raise_for_fault(self, fault: Fault, *, stream: bool) -> None:
+        """Raise the error answer of an error fault; the others act later (or never)."""
         kind = fault.kind
         if kind == "rate_limit":
             retry_after = fault.retry_after

@@ -9,7 +9,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ERROR_FAULTS", "Fault", "FaultKind", "FaultPlan"]
+__all__ = ["DEFAULT_LATENCY", "ERROR_FAULTS", "Fault", "FaultKind", "FaultPlan"]
 
 FaultKind = Literal[
     "rate_limit",
@@ -30,6 +30,9 @@ FaultKind = Literal[
 - ``latency``: the answer is delayed by ``delay`` seconds, then served normally.
 """
 
+DEFAULT_LATENCY = 0.1
+"""Seconds a ``latency`` fault adds when it does not say."""
+
 ERROR_FAULTS: tuple[FaultKind, ...] = tuple(k for k in get_args(FaultKind) if k != "latency")
 """The kinds random faults are drawn from by default (every kind that fails the request)."""
 
@@ -43,8 +46,15 @@ class Fault(BaseModel):
     retry_after: float | None = Field(default=None, ge=0)
     """``retry-after`` seconds (``rate_limit``, also sent with ``overloaded`` when set).
     ``None`` uses the server's ``retry_after`` setting for ``rate_limit``."""
-    delay: float = Field(default=0.0, ge=0)
-    """Seconds of added latency (``latency``)."""
+    delay: float | None = Field(default=None, ge=0)
+    """Seconds of added latency (``latency``); ``None`` means ``DEFAULT_LATENCY``."""
+
+    @property
+    def latency(self) -> float:
+        """The delay this fault adds before the answer (0 unless it is a ``latency`` fault)."""
+        if self.kind != "latency":
+            return 0.0
+        return DEFAULT_LATENCY if self.delay is None else self.delay
 
 
 class FaultPlan:

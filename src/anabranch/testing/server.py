@@ -115,7 +115,7 @@ class MessagesServer:
         kind: FaultKind | Fault,
         *,
         retry_after: float | None = None,
-        delay: float = 0.0,
+        delay: float | None = None,
     ) -> None:
         """Queue a one-shot fault for the next ``/v1/messages`` request.
 
