@@ -305,3 +305,27 @@ async def test_anthropic_version_header_is_required() -> None:
             )
     assert response.status_code == 400
     assert response.json()["error"]["message"] == "anthropic-version: header is required"
+
+
+async def test_answer_longer_than_max_tokens_is_cut() -> None:
+    story = "The tide came in over the flat sand, slowly and then all at once. " * 20
+    async with serve([story, story]) as (_, client):
+        cut = await client.messages.create(model="m", max_tokens=30, messages=USER)
+        async with client.messages.stream(model="m", max_tokens=30, messages=USER) as stream:
+            streamed = await stream.get_final_message()
+    for message in (cut, streamed):
+        assert message.stop_reason == "max_tokens"
+        assert message.usage.output_tokens == 30
+        block = message.content[0]
+        assert block.type == "text"
+        assert story.startswith(block.text) and 0 < len(block.text) < len(story)
+
+
+async def test_tool_use_that_does_not_fit_is_left_out() -> None:
+    call = ToolUseBlock(id="toolu_big", name="get_weather", input={"city": "x" * 400, "days": 1})
+    async with serve([[TextBlock(text="Checking."), call]]) as (_, client):
+        message = await client.messages.create(
+            model="m", max_tokens=40, messages=USER, tools=[WEATHER_TOOL]
+        )
+    assert message.stop_reason == "max_tokens"
+    assert [b.type for b in message.content] == ["text"]

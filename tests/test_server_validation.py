@@ -171,7 +171,7 @@ async def test_prompt_at_the_limit_is_accepted() -> None:
         )
     async with client_for(context_limit=counted.input_tokens) as client:
         message = await client.messages.create(
-            model="m", max_tokens=10, messages=[user(text("word " * 400))]
+            model="m", max_tokens=500, messages=[user(text("word " * 400))]
         )
     assert message.stop_reason == "end_turn"
 

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 import anyio
 
-from anabranch.context.messages import Message, ModelResponse, ToolResultBlock, Usage
-from anabranch.context.tokens import estimate_messages, estimate_request
+from anabranch.context.messages import ModelResponse, ToolResultBlock, Usage
+from anabranch.context.tokens import estimate_request
 from anabranch.errors import (
     ModelAPIError,
     ModelConnectionError,
@@ -28,6 +28,7 @@ from anabranch.runtime.model import Model
 from anabranch.testing._cache import PromptCache, prefix_blocks
 from anabranch.testing._faults import Fault, FaultPlan
 from anabranch.testing._http import Hangup, HTTPRequest, Reply
+from anabranch.testing._output import fit_to_max_tokens, output_tokens
 from anabranch.testing._validation import validate
 from anabranch.testing._wire import (
     APIFailure,
@@ -291,9 +292,9 @@ class MessagesApp:
             raise APIFailure(500, "api_error", "Internal server error")
         blocks = prefix_blocks(request, wire.cache_marks, salt=wire.salt)
         usage = self.cache.account(request.model, blocks, estimate_request(request))
-        output = response.usage.output_tokens
-        if not output and response.content:
-            output = estimate_messages([Message(role="assistant", content=response.content)])
+        response = fit_to_max_tokens(response, request.max_tokens)
+        output = response.usage.output_tokens or output_tokens(response.content)
+        output = min(output, request.max_tokens)
         return response.model_copy(
             update={
                 "id": _new_id("msg"),
