@@ -1,5 +1,9 @@
 """Test doubles users test their agents with: offline models and a local Messages API."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from anabranch.testing._cache import ManualClock as ManualClock
 from anabranch.testing._faults import Fault as Fault
 from anabranch.testing._faults import FaultKind as FaultKind
@@ -10,7 +14,9 @@ from anabranch.testing.models import arguments_for_schema as arguments_for_schem
 from anabranch.testing.policies import ScriptedPolicy as ScriptedPolicy
 from anabranch.testing.policies import ScriptExhaustedError as ScriptExhaustedError
 from anabranch.testing.records import RequestRecord as RequestRecord
-from anabranch.testing.server import MessagesServer as MessagesServer
+
+if TYPE_CHECKING:
+    from anabranch.testing.server import MessagesServer as MessagesServer
 
 __all__ = [
     "Fault",
@@ -25,3 +31,12 @@ __all__ = [
     "TestModel",
     "arguments_for_schema",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use so `python -m anabranch.testing.server` runs the module cleanly.
+    if name == "MessagesServer":
+        from anabranch.testing.server import MessagesServer
+
+        return MessagesServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
