@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -9,12 +10,14 @@ from typing import Any
 import anthropic
 import pytest
 from anthropic.types import Usage
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from anabranch.context.messages import ModelRequest, SystemBlock, ToolDefinition
 from anabranch.context.tokens import estimate_request
 from anabranch.testing import ManualClock, MessagesServer, TestModel
-
-pytestmark = pytest.mark.anyio
+from anabranch.testing._cache import PromptCache, prefix_blocks
+from anabranch.testing._wire import parse_body
 
 EPHEMERAL: dict[str, Any] = {"type": "ephemeral"}
 ONE_HOUR: dict[str, Any] = {"type": "ephemeral", "ttl": "1h"}
@@ -86,6 +89,7 @@ async def ask(client: anthropic.AsyncAnthropic, model: str = "m", **params: Any)
     return message.usage
 
 
+@pytest.mark.anyio
 async def test_second_identical_request_reads_the_cache() -> None:
     params = {"system": system(), "messages": [turn("user", "Where is the reset button?")]}
     async with cached_server() as (srv, client):
@@ -102,6 +106,7 @@ async def test_second_identical_request_reads_the_cache() -> None:
     assert srv.log[1].cache_read_input_tokens == system_tokens()
 
 
+@pytest.mark.anyio
 async def test_below_minimum_length_nothing_is_cached() -> None:
     params = {"system": system("Be brief."), "messages": [turn("user", "hi", EPHEMERAL)]}
     async with cached_server(min_cache_tokens=1024) as (_, client):
@@ -113,6 +118,7 @@ async def test_below_minimum_length_nothing_is_cached() -> None:
         assert usage.input_tokens == total(usage)
 
 
+@pytest.mark.anyio
 async def test_system_change_keeps_tools_cache_only() -> None:
     messages = [turn("user", "Where is the reset button? " * 5, EPHEMERAL)]
     async with cached_server() as (_, client):
@@ -124,6 +130,7 @@ async def test_system_change_keeps_tools_cache_only() -> None:
     assert changed.cache_creation_input_tokens == total(changed) - tools_tokens()
 
 
+@pytest.mark.anyio
 async def test_message_change_keeps_tools_and_system() -> None:
     async with cached_server() as (_, client):
         await ask(
@@ -156,6 +163,7 @@ async def test_message_change_keeps_tools_and_system() -> None:
     assert (changed.cache_creation_input_tokens or 0) > 0
 
 
+@pytest.mark.anyio
 async def test_model_switch_misses_everything() -> None:
     params = {"tools": [tool(EPHEMERAL)], "system": system(), "messages": [turn("user", "hi")]}
     async with cached_server() as (_, client):
@@ -168,6 +176,7 @@ async def test_model_switch_misses_everything() -> None:
     assert again.cache_read_input_tokens == first.cache_creation_input_tokens
 
 
+@pytest.mark.anyio
 async def test_intermediate_breakpoint_bridges_a_turn_longer_than_the_lookback() -> None:
     long_text = "Read this long document carefully. " * 30
     notes = [text_block(f"note {i}") for i in range(25)]
@@ -187,6 +196,7 @@ async def test_intermediate_breakpoint_bridges_a_turn_longer_than_the_lookback()
     assert bridged.cache_creation_input_tokens == total(bridged) - total(first)
 
 
+@pytest.mark.anyio
 async def test_ttl_expires_and_hits_refresh_it() -> None:
     clock = ManualClock()
     params = {"system": system(), "messages": [turn("user", "hello")]}
@@ -204,6 +214,7 @@ async def test_ttl_expires_and_hits_refresh_it() -> None:
     assert expired.cache_creation_input_tokens == system_tokens()
 
 
+@pytest.mark.anyio
 async def test_one_hour_entries_outlive_five_minutes_and_bill_separately() -> None:
     clock = ManualClock()
     params = {
@@ -222,6 +233,7 @@ async def test_one_hour_entries_outlive_five_minutes_and_bill_separately() -> No
     assert later.cache_creation.ephemeral_5m_input_tokens == total(later) - system_tokens()
 
 
+@pytest.mark.anyio
 async def test_top_level_cache_control_caches_the_whole_prompt() -> None:
     params = {"messages": [turn("user", "A long question about the manual. " * 20)]}
     async with cached_server() as (_, client):
@@ -231,6 +243,7 @@ async def test_top_level_cache_control_caches_the_whole_prompt() -> None:
     assert second.cache_read_input_tokens == total(second)
 
 
+@pytest.mark.anyio
 async def test_streaming_usage_carries_cache_counts() -> None:
     params = {"system": system(), "messages": [turn("user", "hello")]}
     async with cached_server() as (_, client):
@@ -240,6 +253,7 @@ async def test_streaming_usage_carries_cache_counts() -> None:
     assert final.usage.cache_read_input_tokens == system_tokens()
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize(("notes", "hit"), [(19, True), (20, False)])
 async def test_lookback_boundary_is_twenty_blocks_back(notes: int, hit: bool) -> None:
     long_text = "Read this long document carefully. " * 30
@@ -256,3 +270,61 @@ async def test_lookback_boundary_is_twenty_blocks_back(notes: int, hit: bool) ->
 
 def text_block(value: str) -> dict[str, Any]:
     return {"type": "text", "text": value}
+
+
+# -- property: the parts of the prompt always add up -----------------------------------
+
+words = st.text(alphabet="abcdefgh ", min_size=1, max_size=300).filter(str.strip)
+maybe_cache = st.sampled_from([None, EPHEMERAL, ONE_HOUR])
+
+
+@st.composite
+def wire_requests(draw: st.DrawFn) -> dict[str, Any]:
+    cached_blocks = 0
+
+    def mark() -> dict[str, Any] | None:
+        nonlocal cached_blocks
+        control = draw(maybe_cache) if cached_blocks < 4 else None
+        cached_blocks += control is not None
+        return control
+
+    messages = []
+    for index in range(draw(st.integers(1, 4)) * 2 - 1):
+        blocks = []
+        for _ in range(draw(st.integers(1, 3))):
+            block: dict[str, Any] = {"type": "text", "text": draw(words)}
+            if control := mark():
+                block["cache_control"] = control
+            blocks.append(block)
+        messages.append({"role": "user" if index % 2 == 0 else "assistant", "content": blocks})
+    system_block: dict[str, Any] = {"type": "text", "text": draw(words)}
+    if control := mark():
+        system_block["cache_control"] = control
+    return {
+        "model": draw(st.sampled_from(["model-a", "model-b"])),
+        "max_tokens": 10,
+        "system": [system_block],
+        "messages": messages,
+    }
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(wire_requests(), min_size=1, max_size=6), st.integers(0, 400))
+def test_input_read_and_write_always_add_up_to_the_count(
+    bodies: list[dict[str, Any]], min_tokens: int
+) -> None:
+    cache = PromptCache(min_tokens=min_tokens, clock=ManualClock())
+    for body in bodies + bodies:  # the second pass can hit what the first wrote
+        wire = parse_body(json.dumps(body).encode())
+        counted = estimate_request(wire.request)
+        blocks = prefix_blocks(wire.request, wire.cache_marks, salt=wire.salt)
+        usage = cache.account(wire.request.model, blocks, counted)
+        assert usage.total_input_tokens == counted
+        assert min(usage.input_tokens, usage.cache_read_input_tokens) >= 0
+        assert (
+            usage.cache_creation_5m_input_tokens + usage.cache_creation_1h_input_tokens
+            == usage.cache_creation_input_tokens
+            >= 0
+        )
+        if usage.cache_creation_input_tokens:
+            assert usage.cache_read_input_tokens + usage.cache_creation_input_tokens >= min_tokens
