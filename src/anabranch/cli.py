@@ -169,7 +169,7 @@ def add_command(
     return sub
 
 
-EXTENSIONS: list[str] = []
+EXTENSIONS: list[str] = ["anabranch.testing.cli"]
 """Modules with a ``register(commands)`` function that add their own sub-commands."""
 
 
