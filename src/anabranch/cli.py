@@ -5,19 +5,24 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
+import json
 import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import anyio
+import pydantic
 
 from anabranch.agents import Agent
+from anabranch.context.messages import SystemBlock, ToolDefinition
+from anabranch.context.pricing import Cost, PriceTable
 from anabranch.errors import AnabranchError
 from anabranch.runtime.loader import load_object, split_reference
 from anabranch.runtime.model import Model
-from anabranch.runtime.report import RunNode, list_sessions, session_tree
+from anabranch.runtime.report import RunNode, list_sessions, session_tree, tree_totals
 from anabranch.runtime.runtime import DEFAULT_DB, Runtime
+from anabranch.store import RunRecord, SessionRecord, SQLiteStore
 
 __all__ = ["main"]
 
@@ -110,7 +115,12 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_node(node: RunNode, indent: str, last: bool, root: bool) -> None:
+def _cost(cost: Cost, unpriced: int) -> str:
+    text = f"${cost.total:.4f}"
+    return text + (f" (+{unpriced} unpriced calls)" if unpriced else "")
+
+
+def _print_node(node: RunNode, indent: str, last: bool, root: bool, calls: bool = False) -> None:
     run = node.run
     usage = node.usage
     branch = "" if root else ("└─ " if last else "├─ ")
@@ -119,37 +129,114 @@ def _print_node(node: RunNode, indent: str, last: bool, root: bool) -> None:
         label = f"{run.task_id}: {label}"
     stats = (
         f"turns={node.turns} in={_tokens(usage.total_input_tokens)} "
-        f"(cache read {_tokens(usage.cache_read_input_tokens)}, "
+        f"(uncached {_tokens(usage.input_tokens)}, "
+        f"cache read {_tokens(usage.cache_read_input_tokens)} = {node.read_ratio:.0%}, "
         f"write {_tokens(usage.cache_creation_input_tokens)}) "
-        f"out={_tokens(usage.output_tokens)} compactions={node.compactions}"
+        f"out={_tokens(usage.output_tokens)} cost~{_cost(node.cost, node.unpriced_calls)} "
+        f"compactions={node.compactions}"
     )
     if node.failed_attempts:
         stats += f" failed_attempts={node.failed_attempts}"
+    if node.cache_breaks:
+        stats += f" cache_breaks={len(node.cache_breaks)}"
     print(f"{indent}{branch}{label} {run.id}  {stats}")
     child_indent = indent if root else indent + ("   " if last else "│  ")
+    inner = child_indent + ("│  " if node.children else "   ")
+    for item in node.calls if calls else ():
+        u = item.usage
+        line = (
+            f"{inner}call {item.call.id} turn {item.call.turn}: "
+            f"uncached {u.input_tokens}, read {u.cache_read_input_tokens} "
+            f"({item.read_ratio:.0%}), write {u.cache_creation_input_tokens}, "
+            f"out {u.output_tokens}, cost~"
+            + (f"${item.cost.total:.4f}" if item.cost is not None else "unpriced")
+        )
+        if item.cache_break is not None:
+            line += f"  CACHE BREAK: {item.cache_break.cause}"
+        print(line)
+    for found in node.cache_breaks if not calls else ():
+        print(
+            f"{inner}cache break at call {found.call_id}: {found.cause} "
+            f"(read {found.actual_read} of {found.expected_read} tokens)"
+        )
     for i, child in enumerate(node.children):
-        _print_node(child, child_indent, i == len(node.children) - 1, False)
+        _print_node(child, child_indent, i == len(node.children) - 1, False, calls)
+
+
+def _prices(path: str | None) -> PriceTable:
+    if path is None:
+        return PriceTable()
+    try:
+        return PriceTable.from_json(
+            path if path.lstrip().startswith("{") else os.path.abspath(path)
+        )
+    except (OSError, pydantic.ValidationError) as exc:
+        message = " ".join(str(exc).split())
+        raise CliError(f"cannot use prices from {path}: {message}") from exc
+
+
+async def _print_snapshots(
+    store: SQLiteStore, session: SessionRecord, run: RunRecord | None
+) -> None:
+    runs = [run] if run is not None else await store.list_runs(session.id)
+    shown = runs if run is not None else [r for r in runs if r.parent_run_id is None][:1]
+    for record in shown:
+        snapshot = await store.latest_snapshot(record.id)
+        if snapshot is None:
+            print(f"run {record.id} ({record.agent_name}) has no system-prompt snapshot")
+            continue
+        print(
+            f"run {record.id} ({record.agent_name})  snapshot v{snapshot.version} "
+            f"({snapshot.reason}, {_when(snapshot.created)})"
+        )
+        blocks = [SystemBlock.model_validate(b) for b in json.loads(snapshot.system)]
+        for index, block in enumerate(blocks):
+            kind = "static" if index == 0 and len(blocks) > 1 else "dynamic" if index else "system"
+            print(f"--- system block {index + 1} ({kind}) ---")
+            print(block.text)
+        tools = [ToolDefinition.model_validate(t) for t in json.loads(snapshot.tools)]
+        print(f"--- tools ({len(tools)}): {', '.join(t.name for t in tools) or 'none'}")
+    others = len(runs) - len(shown)
+    if others:
+        print(f"({others} more runs in this session: anabranch show RUN_ID --system)")
 
 
 async def cmd_show(args: argparse.Namespace) -> int:
+    prices = _prices(args.prices)
     rt = Runtime(db=args.db)
     await rt.open(create=False)
     try:
         session = await rt.store.get_session(args.session_id)
+        run = None
+        if session is None:  # a run id works too
+            run = await rt.store.get_run(args.session_id)
+            session = await rt.store.get_session(run.session_id) if run else None
         if session is None:
-            raise CliError(f"no session with id {args.session_id!r} in {args.db}")
-        roots = await session_tree(rt.store, session.id)
-        usage = await rt.session_usage(session.id)
+            raise CliError(f"no session or run with id {args.session_id!r} in {args.db}")
+        if args.system:
+            await _print_snapshots(rt.store, session, run)
+            return 0
+        roots = await session_tree(rt.store, session.id, prices)
     finally:
         await rt.aclose()
+    totals = tree_totals(roots)
+    usage = totals.usage
     print(f"session {session.id}  status={session.status}  created={_when(session.created)}")
     print(f"task: {session.task}")
     for root in roots:
-        _print_node(root, "", True, True)
+        _print_node(root, "", True, True, args.calls)
     print(
         f"total: in={usage.total_input_tokens} (uncached {usage.input_tokens}, "
         f"cache read {usage.cache_read_input_tokens}, "
         f"cache write {usage.cache_creation_input_tokens}) out={usage.output_tokens}"
+    )
+    causes: dict[str, int] = {}
+    for found in totals.cache_breaks:
+        causes[found.cause] = causes.get(found.cause, 0) + 1
+    print(
+        f"cache: {totals.read_ratio:.1%} of input tokens read from cache; "
+        f"estimated cost {_cost(totals.cost, totals.unpriced_calls)}; cache breaks: "
+        + (", ".join(f"{cause} x{n}" for cause, n in sorted(causes.items())) or "none")
     )
     if session.output:
         print(f"output: {session.output}")
@@ -192,9 +279,17 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_argument("--limit", type=int, default=50)
 
     show = add_command(
-        commands, "show", cmd_show, "Show a session's run tree with turns and token usage."
+        commands,
+        "show",
+        cmd_show,
+        "Show a session's run tree with turns, token usage, cache accounting and cost.",
     )
-    show.add_argument("session_id", metavar="ID")
+    show.add_argument("session_id", metavar="ID", help="a session id (or a run id)")
+    show.add_argument("--calls", action="store_true", help="one line per model call")
+    show.add_argument(
+        "--system", action="store_true", help="print the run's system-prompt snapshot"
+    )
+    show.add_argument("--prices", metavar="FILE", help="JSON price overrides per model")
 
     for module_name in EXTENSIONS:
         importlib.import_module(module_name).register(commands)

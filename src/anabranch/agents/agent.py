@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path, PurePath
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from anabranch.agents.policy import ContextPolicy
@@ -35,6 +38,31 @@ class Agent(BaseModel):
     """Seconds the whole run may take."""
     max_report_tokens: int = Field(2_000, gt=0)
     """Cap on the final report a parent receives from this agent."""
+    workspace: Path | None = None
+    """Folder of bootstrap files; their text enters the dynamic part of the system prompt."""
+    bootstrap_files: tuple[str, ...] = ("AGENTS.md", "USER.md", "MEMORY.md")
+    """Files (relative to ``workspace``), each in its own tag, in this order."""
+    bootstrap_max_chars: int = Field(20_000, gt=0)
+    """Characters kept per bootstrap file; a longer file is cut with a visible marker."""
+    bootstrap_missing: Literal["skip", "mark"] = "skip"
+    """A missing bootstrap file is left out, or shown as an empty tag marked missing."""
+    include_date: bool = False
+    """Put the current date (``date_format``) in the dynamic part of the system prompt."""
+    date_format: str = "%Y-%m-%d"
+    include_cwd: bool = False
+    """Put the process's working directory in the dynamic part of the system prompt."""
+
+    @field_validator("bootstrap_files")
+    @classmethod
+    def _relative_files(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            path = PurePath(name)
+            if not name.strip() or path.is_absolute() or ".." in path.parts:
+                raise ValueError(
+                    f"bootstrap file {name!r} must be a path inside the workspace "
+                    "(relative, without '..')"
+                )
+        return value
 
     @field_validator("tools", mode="before")
     @classmethod

@@ -43,6 +43,12 @@ class ContextPolicy(BaseModel):
     system_prompt_snapshot: bool = True
     """Build the system prompt once per run (rebuilt only after a compaction)."""
     cache_ttl: Literal["5m", "1h"] = "5m"
+    """TTL of the cache breakpoints (and of the rolling one on the last message)."""
+    prefix_cache_ttl: Literal["5m", "1h"] | None = None
+    """TTL of the tool-list and system breakpoints; default ``cache_ttl``. With ``"1h"`` here
+    and ``"5m"`` for messages the static prefix outlives idle gaps (1h entries come first)."""
+    cache_breakpoints: bool = True
+    """Send cache breakpoints at all (False: no prompt caching)."""
 
     @model_validator(mode="after")
     def _reserve_fits(self) -> ContextPolicy:

@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 
 from anabranch.agents import Agent
+from anabranch.context.cache import place_breakpoints, system_digest, tools_digest
 from anabranch.context.messages import (
     Message,
     ModelRequest,
@@ -41,7 +42,9 @@ from anabranch.context.messages import (
 from anabranch.context.prompt import SubagentInfo, assemble_system
 from anabranch.context.tokens import estimate_messages, estimate_request
 from anabranch.errors import MaxTurnsExceeded, ModelError, PromptTooLongError
+from anabranch.runtime.bootstrap import prompt_inputs
 from anabranch.runtime.builtins import BuiltinTool, ToolOutcome
+from anabranch.runtime.cache_watch import check_cache_break
 from anabranch.runtime.model import Model
 from anabranch.runtime.pipeline import ContextPipeline
 from anabranch.runtime.retry import RetryPolicy
@@ -181,9 +184,13 @@ class AgentRun:
 
     # ------------------------------------------------------------------ prompt
     def build_prompt(self) -> tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]:
-        """Assemble the system blocks and tool list for this agent (deterministic)."""
+        """Assemble the system blocks and tool list for this agent (deterministic).
+
+        Reads the bootstrap files, date and cwd now; the result is meant to be snapshotted.
+        """
         agent = self.agent
         ttl = agent.context.cache_ttl
+        inputs = prompt_inputs(agent)
         system = assemble_system(
             instructions=agent.instructions,
             subagents=[
@@ -191,6 +198,12 @@ class AgentRun:
             ],
             report_cap_tokens=agent.max_report_tokens if self.record.parent_run_id else None,
             cache_ttl=ttl,
+            tool_guidance=self._tool_guidance(),
+            bootstrap=inputs.bootstrap,
+            bootstrap_max_chars=agent.bootstrap_max_chars,
+            bootstrap_missing=agent.bootstrap_missing,
+            date=inputs.date,
+            cwd=inputs.cwd,
         )
         definitions = [
             ToolDefinition(name=t.name, description=t.description, input_schema=t.input_schema)
@@ -202,6 +215,27 @@ class AgentRun:
             last = definitions[-1]
             definitions[-1] = last.model_copy(update={"cache": ttl})
         return system, tuple(definitions)
+
+    def _tool_guidance(self) -> list[str]:
+        """Guidance texts of built-in tools that offer one (an optional ``guidance(agent)``)."""
+        texts = []
+        for builtin in sorted(self.env.builtins, key=lambda b: b.name):
+            guidance = getattr(builtin, "guidance", None)
+            if builtin.applies_to(self.agent) and callable(guidance):
+                text = guidance(self.agent)
+                if isinstance(text, str) and text.strip():
+                    texts.append(text)
+        return texts
+
+    async def rebuild_snapshot(self, reason: str) -> bool:
+        """Build the prompt again; store it as a new snapshot only if it changed."""
+        system, tools = self.build_prompt()
+        if system_digest(system) == system_digest(self.system) and tools_digest(
+            tools
+        ) == tools_digest(self.tools):
+            return False
+        await self.save_snapshot(system, tools, reason=reason)
+        return True
 
     async def save_snapshot(
         self,
@@ -224,17 +258,19 @@ class AgentRun:
         self.system, self.tools = system, tools
 
     def build_request(self) -> ModelRequest:
-        """The exact request for the current context (breakpoint on the last message)."""
-        breakpoints: tuple[tuple[int, Any], ...] = ()
-        if self.context:
-            breakpoints = ((len(self.context) - 1, self.agent.context.cache_ttl),)
-        return ModelRequest(
+        """The exact request for the current context, cache breakpoints placed (<= 4)."""
+        policy = self.agent.context
+        request = ModelRequest(
             model=self.agent.model,
             system=self.system,
             tools=self.tools,
             messages=tuple(self.context),
             max_tokens=self.agent.max_tokens,
-            message_breakpoints=breakpoints,
+        )
+        return place_breakpoints(
+            request,
+            ttl=policy.cache_ttl if policy.cache_breakpoints else None,
+            prefix_ttl=policy.prefix_cache_ttl,
         )
 
     # ------------------------------------------------------------------ accounting
@@ -328,6 +364,8 @@ class AgentRun:
         too_long_attempts = 0
         while True:
             attempt += 1
+            if not self.agent.context.system_prompt_snapshot:
+                await self.rebuild_snapshot("rebuild")
             request = self.build_request()
             call_id = await env.store.begin_call(
                 CallRecord(
@@ -337,6 +375,8 @@ class AgentRun:
                     fingerprint=request.fingerprint(),
                     message_count=len(request.messages),
                     created=time.time(),
+                    snapshot_version=self.snapshot_version,
+                    compactions=self.compactions,
                 ),
                 (),
             )
@@ -397,7 +437,9 @@ class AgentRun:
             await anyio.sleep(delay)
 
     async def after_response(self, call_id: int, response: ModelResponse) -> None:
-        """Hook for cooperating features (e.g. cache-break detection). Default: nothing."""
+        """Records a cache break if this call read less cache than it could; then runs the
+        ``after_response`` hook of cooperating features, if any."""
+        await check_cache_break(self, call_id, response)
         hook = self.env.extras.get("after_response")
         if hook is not None:
             await hook(self, call_id, response)

@@ -4,10 +4,48 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from anabranch.context.cache import cache_read_ratio
 from anabranch.context.messages import Usage
+from anabranch.context.pricing import Cost, PriceTable
 from anabranch.store import CallRecord, RunRecord, SessionRecord, SQLiteStore
 
-__all__ = ["RunNode", "SessionSummary", "list_sessions", "session_tree"]
+__all__ = [
+    "CacheBreakInfo",
+    "CallStats",
+    "RunNode",
+    "SessionSummary",
+    "Totals",
+    "list_sessions",
+    "session_tree",
+    "tree_totals",
+]
+
+
+@dataclass(frozen=True)
+class CacheBreakInfo:
+    """A recorded cache break: the call read less than the run's previous call left."""
+
+    run_id: str
+    call_id: int
+    cause: str
+    expected_read: int
+    actual_read: int
+    created: float
+
+
+@dataclass
+class CallStats:
+    """One successful model call with its cache accounting and estimated cost."""
+
+    call: CallRecord
+    usage: Usage
+    cost: Cost | None
+    """``None`` when the model has no price in the table."""
+    cache_break: CacheBreakInfo | None = None
+
+    @property
+    def read_ratio(self) -> float:
+        return cache_read_ratio(self.usage)
 
 
 @dataclass
@@ -20,6 +58,16 @@ class RunNode:
     failed_attempts: int = 0
     compactions: int = 0
     children: list[RunNode] = field(default_factory=list)
+    calls: list[CallStats] = field(default_factory=list)
+    cost: Cost = field(default_factory=Cost)
+    """Estimated cost of the calls whose model has a price."""
+    unpriced_calls: int = 0
+    cache_breaks: list[CacheBreakInfo] = field(default_factory=list)
+
+    @property
+    def read_ratio(self) -> float:
+        """Share of this run's input tokens read from cache."""
+        return cache_read_ratio(self.usage)
 
 
 @dataclass
@@ -67,11 +115,26 @@ async def list_sessions(store: SQLiteStore, limit: int = 50) -> list[SessionSumm
     return summaries
 
 
-async def session_tree(store: SQLiteStore, session_id: str) -> list[RunNode]:
-    """The session's runs as a forest (roots first, children under their parents)."""
+async def session_tree(
+    store: SQLiteStore, session_id: str, prices: PriceTable | None = None
+) -> list[RunNode]:
+    """The session's runs as a forest (roots first, children under their parents), with
+    per-call and per-run cache accounting, cache breaks and estimated cost."""
+    prices = prices or PriceTable()
     runs = await store.list_runs(session_id)
     calls = await store.session_calls(session_id)
     boundaries = await store.list_boundaries(session_id=session_id)
+    breaks = {
+        row["call_id"]: CacheBreakInfo(
+            run_id=row["run_id"],
+            call_id=row["call_id"],
+            cause=row["cause"],
+            expected_read=row["expected_read"],
+            actual_read=row["actual_read"],
+            created=row["created"],
+        )
+        for row in await store.list_cache_breaks(session_id)
+    }
     nodes = {r.id: RunNode(run=r) for r in runs}
     for call in calls:
         node = nodes.get(call.run_id)
@@ -79,8 +142,17 @@ async def session_tree(store: SQLiteStore, session_id: str) -> list[RunNode]:
             continue
         if call.status == "ok":
             node.turns += 1
-            if call.usage:
-                node.usage = node.usage + Usage.model_validate_json(call.usage)
+            usage = Usage.model_validate_json(call.usage) if call.usage else Usage()
+            node.usage = node.usage + usage
+            cost = prices.cost(call.model or node.run.model, usage)
+            if cost is None:
+                node.unpriced_calls += 1
+            else:
+                node.cost = node.cost + cost
+            found = breaks.get(call.id) if call.id is not None else None
+            node.calls.append(CallStats(call=call, usage=usage, cost=cost, cache_break=found))
+            if found is not None:
+                node.cache_breaks.append(found)
         elif call.status == "error":
             node.failed_attempts += 1
     for boundary in boundaries:
@@ -92,3 +164,40 @@ async def session_tree(store: SQLiteStore, session_id: str) -> list[RunNode]:
         parent = nodes.get(run.parent_run_id) if run.parent_run_id else None
         (parent.children if parent else roots).append(node)
     return roots
+
+
+
+@dataclass
+class Totals:
+    """Sums over every run of a session."""
+
+    runs: int = 0
+    turns: int = 0
+    usage: Usage = field(default_factory=Usage)
+    cost: Cost = field(default_factory=Cost)
+    unpriced_calls: int = 0
+    compactions: int = 0
+    cache_breaks: list[CacheBreakInfo] = field(default_factory=list)
+
+    @property
+    def read_ratio(self) -> float:
+        """Share of the session's input tokens read from cache."""
+        return cache_read_ratio(self.usage)
+
+
+def tree_totals(roots: list[RunNode]) -> Totals:
+    """Turns, usage, cost, compactions and cache breaks summed over a forest of runs."""
+    total = Totals()
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        total.runs += 1
+        total.turns += node.turns
+        total.usage = total.usage + node.usage
+        total.cost = total.cost + node.cost
+        total.unpriced_calls += node.unpriced_calls
+        total.compactions += node.compactions
+        total.cache_breaks += node.cache_breaks
+    total.cache_breaks.sort(key=lambda b: b.call_id)
+    return total

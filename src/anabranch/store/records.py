@@ -89,6 +89,10 @@ class CallRecord:
     """JSON usage object."""
     message_seq: int | None = None
     finished: float | None = None
+    snapshot_version: int | None = None
+    """The prompt snapshot (system + tools) the request was built from."""
+    compactions: int | None = None
+    """Compactions of the run before this request."""
 
 
 @dataclass(frozen=True)

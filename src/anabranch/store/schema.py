@@ -180,7 +180,13 @@ def _v1(db: sqlite_utils.Database) -> None:
     db.table("cache_breaks").create_index(["run_id"])
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1]
+def _v2_call_prefix(db: sqlite_utils.Database) -> None:
+    """Which prompt snapshot and how many compactions each call was sent with."""
+    db.table("calls").add_column("snapshot_version", int)
+    db.table("calls").add_column("compactions", int)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2_call_prefix]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -426,6 +426,8 @@ class SQLiteStore:
             "fingerprint": call.fingerprint,
             "message_count": call.message_count,
             "created": call.created,
+            "snapshot_version": call.snapshot_version,
+            "compactions": call.compactions,
         }
 
         def write(conn: sqlite3.Connection) -> int:
@@ -504,6 +506,19 @@ class SQLiteStore:
         )
         return [CallRecord(**row) for row in rows]
 
+    async def recent_ok_calls(self, run_id: str, *, up_to: int, limit: int = 2) -> list[CallRecord]:
+        """The run's last ``limit`` successful calls with id <= ``up_to``, newest first."""
+        rows = await self._read(
+            lambda conn: self._rows(
+                conn,
+                self._CALL_SQL
+                + " WHERE c.run_id = ? AND c.id <= ? AND o.status = 'ok' ORDER BY c.id DESC"
+                " LIMIT ?",
+                (run_id, up_to, limit),
+            )
+        )
+        return [CallRecord(**row) for row in rows]
+
     async def session_calls(self, session_id: str) -> list[CallRecord]:
         rows = await self._read(
             lambda conn: self._rows(
@@ -562,6 +577,25 @@ class SQLiteStore:
             )
         )
         return SnapshotRecord(**rows[0]) if rows else None
+
+    async def get_snapshot(self, run_id: str, version: int) -> SnapshotRecord | None:
+        rows = await self._read(
+            lambda conn: self._rows(
+                conn,
+                "SELECT * FROM snapshots WHERE run_id = ? AND version = ?",
+                (run_id, version),
+            )
+        )
+        return SnapshotRecord(**rows[0]) if rows else None
+
+    async def list_snapshots(self, run_id: str) -> list[SnapshotRecord]:
+        """Every snapshot of a run, oldest first."""
+        rows = await self._read(
+            lambda conn: self._rows(
+                conn, "SELECT * FROM snapshots WHERE run_id = ? ORDER BY version", (run_id,)
+            )
+        )
+        return [SnapshotRecord(**row) for row in rows]
 
     # ----------------------------------------------------------------- boundaries
     async def add_boundary(

@@ -183,6 +183,32 @@ class Tracing:
             attributes["output.mime_type"] = "text/plain"
         _safe_set(span, attributes)
 
+    def cache_break(
+        self,
+        *,
+        cause: str,
+        expected_read: int,
+        actual_read: int,
+        idle_seconds: float,
+        span: Span | None = None,
+    ) -> None:
+        """A call read less prompt cache than the previous call of its run left.
+
+        Added as an event to ``span`` (default: the current span, the model call).
+        """
+        target = span if span is not None else trace.get_current_span()
+        self.event(
+            target,
+            "anabranch.cache_break",
+            {
+                "anabranch.cache.break.cause": cause,
+                "anabranch.cache.break.expected_read_tokens": expected_read,
+                "anabranch.cache.break.actual_read_tokens": actual_read,
+                "anabranch.cache.break.idle_seconds": round(idle_seconds, 3),
+            },
+        )
+        _safe_set(target, {"anabranch.cache.break.cause": cause})
+
     def event(self, span: Span, name: str, attributes: Mapping[str, Any]) -> None:
         try:
             span.add_event(name, {k: v for k, v in attributes.items() if v is not None})
