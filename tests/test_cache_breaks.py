@@ -10,7 +10,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from _cache_support import Action, FakeClock, ScriptedPipeline, agent, compact, tool_loop
 from anabranch import Runtime
 from anabranch.cli import main
 from anabranch.context.messages import SystemBlock, ToolDefinition, Usage
@@ -18,6 +17,8 @@ from anabranch.errors import ModelConnectionError
 from anabranch.runtime.loop import AgentRun
 from anabranch.runtime.retry import RetryPolicy
 from anabranch.testing import FunctionModel
+
+from ._cache_support import Action, FakeClock, ScriptedPipeline, agent, compact, tool_loop
 
 pytestmark = pytest.mark.anyio
 

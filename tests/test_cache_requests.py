@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from _cache_support import agent, probe, tool_loop
 from anabranch import Agent, ContextPolicy, Runtime, tool
 from anabranch.context.cache import MAX_BREAKPOINTS
 from anabranch.context.prompt import DYNAMIC_BOUNDARY
 from anabranch.runtime.anthropic_model import request_to_params
 from anabranch.runtime.loop import AgentRun
+
+from ._cache_support import agent, probe, tool_loop
 
 pytestmark = pytest.mark.anyio
 

@@ -9,13 +9,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from _cache_support import ScriptedPipeline, agent, compact, tool_loop
 from anabranch import Runtime
 from anabranch.cli import main
 from anabranch.context.messages import ModelRequest
 from anabranch.errors import ModelConnectionError
 from anabranch.runtime.retry import RetryPolicy
 from anabranch.testing import FunctionModel
+
+from ._cache_support import ScriptedPipeline, agent, compact, tool_loop
 
 pytestmark = pytest.mark.anyio
 

@@ -212,7 +212,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
             run = await rt.store.get_run(args.session_id)
             session = await rt.store.get_session(run.session_id) if run else None
         if session is None:
-            raise CliError(f"no session or run with id {args.session_id!r} in {args.db}")
+            raise CliError(f"no session with id {args.session_id!r} in {args.db} (nor a run)")
         if args.system:
             await _print_snapshots(rt.store, session, run)
             return 0
