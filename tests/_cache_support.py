@@ -36,7 +36,7 @@ def probe(n: int) -> str:
 def agent(**fields: object) -> Agent:
     defaults: dict[str, object] = {
         "name": "worker",
-        "model": "claude-sonnet-4-5",
+        "model": "claude-sonnet-5-5",
         "instructions": "Investigate with probe, then report.",
         "tools": [probe],
     }
@@ -52,10 +52,11 @@ def tool_loop(
     def respond(request: ModelRequest) -> ModelResponse:
         index = len(model.requests) - 1
         done = sum(1 for m in request.messages if m.role == "assistant")
+        stamp = request.fingerprint()[:16]  # unique per request, the same when resent
         content: tuple[TextBlock | ToolUseBlock, ...]
         if done < tool_turns:
             content = tuple(
-                ToolUseBlock(id=f"toolu_{done}_{i}", name="probe", input={"n": done})
+                ToolUseBlock(id=f"toolu_{stamp}_{i}", name="probe", input={"n": done})
                 for i in range(calls_per_turn)
             )
         else:

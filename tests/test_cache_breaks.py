@@ -45,7 +45,7 @@ async def _run(
 
 
 async def _switch_model(run: AgentRun) -> None:
-    run.agent = run.agent.model_copy(update={"model": "claude-haiku-4-5"})
+    run.agent = run.agent.model_copy(update={"model": "claude-haiku-5-5"})
 
 
 async def _add_tool(run: AgentRun) -> None:
@@ -179,15 +179,15 @@ async def test_show_prints_cache_accounting_and_breaks(
     assert f"{6300 / (930 + 6300 + 1250):.1%} of input tokens read from cache" in out
     assert "cache breaks: system_changed x1" in out
     assert "cache break at call 3: system_changed (read 300 of 1200 tokens)" in out
-    # claude-sonnet-4-5: $3 in, $15 out, writes 1.25x, reads 0.1x; 5 output tokens
-    cost = (930 * 3 + 6300 * 0.3 + 1250 * 3.75 + 5 * 15) / 1e6
+    # claude-sonnet-5-5: $2 in, $10 out, 5m writes 1.25x, reads $0.10; 5 output tokens
+    cost = (930 * 2 + 6300 * 0.1 + 1250 * 2.5 + 5 * 10) / 1e6
     assert f"estimated cost ${cost:.4f}" in out
     assert await anyio.to_thread.run_sync(main, ["show", session_id, "--calls", "--db", db]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if " call " in line]
     assert len(lines) == 4
     assert "CACHE BREAK: system_changed" in lines[2]
     assert "read 1000 (83%)" in lines[1]
-    priced = '{"claude-sonnet-4-5": {"input": 0, "output": 0}}'
+    priced = '{"claude-sonnet-5-5": {"input": 0, "output": 0}}'
     assert (
         await anyio.to_thread.run_sync(main, ["show", session_id, "--prices", priced, "--db", db])
         == 0
