@@ -80,8 +80,7 @@ SUPERVISOR_RULES = (
 )
 RESEARCHER_RULES = (
     "You research one sub-question. Work through your numbered steps with the step tool, "
-    "then report briefly.\n\n"
-    + "\n".join(f"Rule {i}: {prose(f'res{i}', 160)}" for i in range(30))
+    "then report briefly.\n\n" + "\n".join(f"Rule {i}: {prose(f'res{i}', 160)}" for i in range(30))
 )
 
 
@@ -131,12 +130,13 @@ class WorkloadPolicy:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         content = self.respond(request)
+        calls_tools = any(isinstance(b, ToolUseBlock) for b in content)
         return ModelResponse(
             id="msg_" + request.fingerprint()[:24],
             model=request.model,
             content=tuple(content),
-            stop_reason="tool_use" if any(isinstance(b, ToolUseBlock) for b in content) else "end_turn",
-            usage=Usage(output_tokens=40),
+            stop_reason="tool_use" if calls_tools else "end_turn",
+            usage=Usage(output_tokens=40),  # the server replaces it with its own accounting
         )
 
     @staticmethod
@@ -146,10 +146,9 @@ class WorkloadPolicy:
                 match = _STEP.search(result.content)
                 if match:
                     return int(match.group(1)), int(match.group(2))
-            for text in (message.text,):
-                match = _TASK.search(text)
-                if message.role == "user" and match:
-                    return 0, int(match.group(1))
+            task = _TASK.search(message.text) if message.role == "user" else None
+            if task:
+                return 0, int(task.group(1))
         return None
 
     def respond(self, request: ModelRequest) -> list[Block]:
@@ -166,9 +165,8 @@ class WorkloadPolicy:
             return [TextBlock(text="Report: " + prose("report", 300))]
         done, total = progress
         salt = request.fingerprint()[:12]
-        blocks: list[Block] = [
-            ToolUseBlock(id=f"toolu_{salt}_step", name="step", input={"n": done + 1, "total": total})
-        ]
+        arguments = {"n": done + 1, "total": total}
+        blocks: list[Block] = [ToolUseBlock(id=f"toolu_{salt}_step", name="step", input=arguments)]
         supervisor = any(t.name == "spawn_agent" for t in request.tools)
         if supervisor and done + 1 in self.workload.delegate_at():
             for i in range(self.workload.children):

@@ -259,7 +259,6 @@ class AgentRun:
 
     def build_request(self) -> ModelRequest:
         """The exact request for the current context, cache breakpoints placed (<= 4)."""
-        policy = self.agent.context
         request = ModelRequest(
             model=self.agent.model,
             system=self.system,
@@ -267,6 +266,15 @@ class AgentRun:
             messages=tuple(self.context),
             max_tokens=self.agent.max_tokens,
         )
+        return self.with_breakpoints(request)
+
+    def with_breakpoints(self, request: ModelRequest) -> ModelRequest:
+        """``request`` with cache breakpoints placed by this agent's policy.
+
+        For any extra call that shares this run's prefix (e.g. a summarizer request built
+        from the run's system, tools and leading messages), so it reads the run's cache.
+        """
+        policy = self.agent.context
         return place_breakpoints(
             request,
             ttl=policy.cache_ttl if policy.cache_breakpoints else None,

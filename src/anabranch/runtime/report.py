@@ -166,7 +166,6 @@ async def session_tree(
     return roots
 
 
-
 @dataclass
 class Totals:
     """Sums over every run of a session."""
