@@ -193,3 +193,20 @@ async def test_show_prints_cache_accounting_and_breaks(
         == 0
     )
     assert "estimated cost $0.0000" in capsys.readouterr().out
+
+
+async def test_unreadable_prices_are_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await _run(tmp_path, {})
+    db = str(tmp_path / "a.db")
+    async with Runtime(db=db) as rt:
+        session_id = (await rt.store.list_sessions())[0].id
+    capsys.readouterr()
+    for prices in (str(tmp_path / "missing.json"), '{"m": {"input": "cheap"}}'):
+        code = await anyio.to_thread.run_sync(
+            main, ["show", session_id, "--prices", prices, "--db", db]
+        )
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1
+        assert len(err) == 1 and err[0].startswith("anabranch: error: cannot use prices from")

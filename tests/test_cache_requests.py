@@ -9,8 +9,10 @@ import pytest
 
 from anabranch import Agent, ContextPolicy, Runtime, tool
 from anabranch.context.cache import MAX_BREAKPOINTS
+from anabranch.context.messages import ToolDefinition, ToolUseBlock
 from anabranch.context.prompt import DYNAMIC_BOUNDARY
 from anabranch.runtime.anthropic_model import request_to_params
+from anabranch.runtime.builtins import ToolOutcome
 from anabranch.runtime.loop import AgentRun
 
 from ._cache_support import agent, probe, tool_loop
@@ -129,3 +131,32 @@ async def test_forked_run_copies_the_parent_prefix(tmp_path: Path) -> None:
     assert fork_request.tools == parent_request.tools
     assert fork_request.model == parent_request.model
     assert fork_request.messages == parent_request.messages
+
+
+class _GuidedTool:
+    """A built-in tool that offers guidance for the static system block."""
+
+    name = "notes"
+
+    def applies_to(self, agent: Agent) -> bool:
+        return True
+
+    def definition(self, agent: Agent) -> ToolDefinition:
+        return ToolDefinition(name="notes", description="Notes.", input_schema={"type": "object"})
+
+    def guidance(self, agent: Agent) -> str:
+        return "Use the notes tool to keep track of findings."
+
+    async def run(self, run: AgentRun, call: ToolUseBlock) -> ToolOutcome:
+        return ToolOutcome("noted")
+
+
+async def test_builtin_tool_guidance_joins_the_static_block(tmp_path: Path) -> None:
+    worker = agent(instructions=f"Rules.\n{DYNAMIC_BOUNDARY}\nVolatile.")
+    model = tool_loop(0)
+    async with Runtime(db=tmp_path / "a.db", model=model, builtins=[_GuidedTool()]) as rt:
+        await rt.run(worker, "task")
+    static, dynamic = (b.text for b in model.requests[0].system)
+    assert static == "Rules.\n\nUse the notes tool to keep track of findings."
+    assert dynamic == "Volatile."
+    assert [t.name for t in model.requests[0].tools] == ["notes", "probe"]

@@ -78,7 +78,7 @@ async def check_cache_break(
     else:
         here = await _digests(store, run.id, current.snapshot_version)
         before = await _digests(store, run.id, previous.snapshot_version)
-    previous_state = _state(previous, previous.model or "", before)
+    previous_state = _state(previous, previous.model or run.agent.model, before)
     current_state = _state(current, response.model or run.agent.model, here)
     cause = classify_cache_break(
         previous_state,
