@@ -55,7 +55,7 @@ async def benchmark_lookup(
 
 literature_researcher = Agent(
     name="literature_researcher",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-5-5",
     description="Finds and summarises what the notes say about a topic.",
     instructions="You research one question in the notes and report findings with sources.",
     tools=[search_notes, word_count],
@@ -65,7 +65,7 @@ literature_researcher = Agent(
 
 benchmark_researcher = Agent(
     name="benchmark_researcher",
-    model="claude-haiku-4-5",
+    model="claude-haiku-5-5",
     description="Looks up performance verdicts for databases and workloads.",
     instructions="You look up benchmark verdicts and report them with their workload.",
     tools=[benchmark_lookup],
@@ -75,7 +75,7 @@ benchmark_researcher = Agent(
 
 supervisor = Agent(
     name="supervisor",
-    model="claude-opus-4-5",
+    model="claude-opus-5-5",
     instructions="Split the question, delegate to your researchers, then write the final answer.",
     subagents=[literature_researcher, benchmark_researcher],
     tools=[search_notes],

@@ -22,7 +22,7 @@ class Agent(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
-    model: str = Field("claude-sonnet-4-5", min_length=1)
+    model: str = Field("claude-sonnet-5-5", min_length=1)
     instructions: str = ""
     description: str = ""
     """One line shown to a supervisor that may spawn this agent."""
