@@ -3,6 +3,8 @@ self-compacting, persisted context."""
 
 from anabranch.agents import Agent as Agent
 from anabranch.agents import ContextPolicy as ContextPolicy
+from anabranch.agents import Graph as Graph
+from anabranch.agents import Task as Task
 from anabranch.agents import Tool as Tool
 from anabranch.agents import ToolContext as ToolContext
 from anabranch.agents import tool as tool
@@ -12,9 +14,12 @@ from anabranch.context.messages import ModelResponse as ModelResponse
 from anabranch.context.messages import Usage as Usage
 from anabranch.runtime.anthropic_model import AnthropicModel as AnthropicModel
 from anabranch.runtime.model import Model as Model
+from anabranch.runtime.results import GraphResult as GraphResult
 from anabranch.runtime.results import RunResult as RunResult
+from anabranch.runtime.results import TaskResult as TaskResult
 from anabranch.runtime.retry import RetryPolicy as RetryPolicy
 from anabranch.runtime.runtime import Runtime as Runtime
+from anabranch.runtime.spawn import SpawnLimits as SpawnLimits
 
 __version__ = "0.1.0"
 
@@ -22,6 +27,8 @@ __all__ = [
     "Agent",
     "AnthropicModel",
     "ContextPolicy",
+    "Graph",
+    "GraphResult",
     "Message",
     "Model",
     "ModelRequest",
@@ -29,6 +36,9 @@ __all__ = [
     "RetryPolicy",
     "RunResult",
     "Runtime",
+    "SpawnLimits",
+    "Task",
+    "TaskResult",
     "Tool",
     "ToolContext",
     "Usage",

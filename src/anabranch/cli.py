@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pydantic
 
-from anabranch.agents import Agent
+from anabranch.agents import Agent, Graph
 from anabranch.context.messages import SystemBlock, ToolDefinition
 from anabranch.context.pricing import Cost, PriceTable
 from anabranch.errors import AnabranchError
@@ -55,8 +55,8 @@ def _when(timestamp: float) -> str:
 
 def _load_definition(reference: str) -> Any:
     obj = load_object(reference)
-    if not isinstance(obj, Agent):
-        raise CliError(f"{reference} is a {type(obj).__name__}, not an Agent")
+    if not isinstance(obj, Agent | Graph):
+        raise CliError(f"{reference} is a {type(obj).__name__}, not an Agent or a Graph")
     return obj
 
 
@@ -68,6 +68,17 @@ async def cmd_run(args: argparse.Namespace) -> int:
     def announce(session_id: str) -> None:
         print(f"session {session_id}", file=sys.stderr, flush=True)
 
+    if isinstance(definition, Graph):
+        if args.task:
+            raise CliError(f"{args.target} is a Graph: its tasks carry their prompts; drop TASK")
+        async with Runtime(db=args.db, model=_model(args)) as rt:
+            graph_result = await rt.run_graph(definition, source=source, on_session=announce)
+        print(graph_result.output)
+        if graph_result.status != "done":
+            raise CliError(f"graph {definition.name} failed: {graph_result.error}")
+        return 0
+    if not args.task:
+        raise CliError(f"{args.target} is an Agent: give it a TASK")
     async with Runtime(db=args.db, model=_model(args)) as rt:
         result = await rt.run(definition, args.task, source=source, on_session=announce)
     print(result.output)
@@ -125,6 +136,8 @@ def _print_node(node: RunNode, indent: str, last: bool, root: bool, calls: bool 
     usage = node.usage
     branch = "" if root else ("└─ " if last else "├─ ")
     label = f"{run.agent_name} [{run.status}]"
+    if run.mode == "fork":
+        label += " (fork)"
     if run.task_id:
         label = f"{run.task_id}: {label}"
     stats = (
@@ -225,6 +238,11 @@ async def cmd_show(args: argparse.Namespace) -> int:
     print(f"task: {session.task}")
     for root in roots:
         _print_node(root, "", True, True, args.calls)
+    if session.kind == "graph" and session.definition:
+        ran = {root.run.task_id for root in roots}
+        for task in json.loads(session.definition).get("tasks", []):
+            if task["id"] not in ran:
+                print(f"{task['id']}: {task['agent']} [not run]")
     print(
         f"total: in={usage.total_input_tokens} (uncached {usage.input_tokens}, "
         f"cache read {usage.cache_read_input_tokens}, "
@@ -266,9 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run = add_command(commands, "run", cmd_run, "Run an agent on a task in a new session.")
-    run.add_argument("target", metavar="FILE:OBJ", help="Python file and the Agent in it")
-    run.add_argument("task", help="The task text")
+    run = add_command(
+        commands, "run", cmd_run, "Run an agent on a task (or a task graph) in a new session."
+    )
+    run.add_argument("target", metavar="FILE:OBJ", help="Python file and the Agent or Graph in it")
+    run.add_argument("task", nargs="?", help="The task text (an Agent needs one; a Graph none)")
     run.add_argument("--offline", action="store_true", help="Use the built-in TestModel")
 
     resume = add_command(commands, "resume", cmd_resume, "Continue a session by its id.")

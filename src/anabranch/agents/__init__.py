@@ -2,6 +2,8 @@
 
 from anabranch.agents.agent import RESERVED_TOOL_NAMES as RESERVED_TOOL_NAMES
 from anabranch.agents.agent import Agent as Agent
+from anabranch.agents.graph import Graph as Graph
+from anabranch.agents.graph import Task as Task
 from anabranch.agents.policy import CompactionStrategy as CompactionStrategy
 from anabranch.agents.policy import ContextPolicy as ContextPolicy
 from anabranch.agents.tools import OnInterrupt as OnInterrupt
@@ -14,7 +16,9 @@ __all__ = [
     "Agent",
     "CompactionStrategy",
     "ContextPolicy",
+    "Graph",
     "OnInterrupt",
+    "Task",
     "Tool",
     "ToolContext",
     "tool",

@@ -196,7 +196,9 @@ class AgentRun:
             subagents=[
                 SubagentInfo(a.name, a.description, a.max_report_tokens) for a in agent.subagents
             ],
-            report_cap_tokens=agent.max_report_tokens if self.record.parent_run_id else None,
+            report_cap_tokens=agent.max_report_tokens
+            if self.record.parent_run_id or self.record.task_id
+            else None,
             cache_ttl=ttl,
             tool_guidance=self._tool_guidance(),
             bootstrap=inputs.bootstrap,

@@ -91,7 +91,7 @@ async def _status(store: SQLiteStore, session: SessionRecord) -> str:
     if session.status in ("done", "failed") and session.finished is not None:
         runs = await store.list_runs(session.id)
         roots = [r for r in runs if r.parent_run_id is None]
-        if roots and all(r.status in ("done", "failed") for r in roots):
+        if roots and all(r.status in ("done", "failed", "cancelled") for r in roots):
             return session.status
     if await store.lease_holder(session.id):
         return "running"

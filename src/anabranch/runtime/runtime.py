@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 from opentelemetry import trace
 
-from anabranch.agents import Agent
+from anabranch.agents import Agent, Graph
 from anabranch.context.messages import Usage
 from anabranch.errors import (
     AnabranchError,
@@ -22,12 +22,14 @@ from anabranch.errors import (
     UserError,
 )
 from anabranch.runtime.builtins import BuiltinTool
+from anabranch.runtime.graph import resume_graph, run_graph
 from anabranch.runtime.loader import load_object
 from anabranch.runtime.loop import AgentRun, Environment, new_id
 from anabranch.runtime.model import Model
 from anabranch.runtime.pipeline import ContextPipeline, PassThroughPipeline
-from anabranch.runtime.results import RunResult
+from anabranch.runtime.results import GraphResult, RunResult
 from anabranch.runtime.retry import RetryPolicy
+from anabranch.runtime.spawn import SpawnLimits, SpawnTool
 from anabranch.store import RunRecord, SessionRecord, SQLiteStore
 from anabranch.store.sqlite import Synchronous
 from anabranch.traces import Tracing
@@ -39,7 +41,7 @@ DEFAULT_DB = "anabranch.db"
 
 def default_builtins() -> tuple[BuiltinTool, ...]:
     """The built-in tools every runtime offers (to the agents they apply to)."""
-    return ()
+    return (SpawnTool(),)
 
 
 def default_pipeline() -> ContextPipeline:
@@ -71,6 +73,8 @@ class Runtime:
             ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` variable).
         synchronous: SQLite ``synchronous`` level for commits.
         agents: definitions this runtime can resume by name without being given them.
+        graphs: graphs this runtime can resume by name.
+        spawn_limits: sub-agent limits (depth, concurrent children, report share).
     """
 
     def __init__(
@@ -86,6 +90,8 @@ class Runtime:
         pipeline: ContextPipeline | None = None,
         builtins: Sequence[BuiltinTool] | None = None,
         lease_ttl: float = 30.0,
+        graphs: Sequence[Graph] = (),
+        spawn_limits: SpawnLimits | None = None,
     ) -> None:
         self.db_path = Path(db if db is not None else os.environ.get("ANABRANCH_DB", DEFAULT_DB))
         self._model = model
@@ -96,6 +102,8 @@ class Runtime:
         self.builtins = tuple(builtins) if builtins is not None else default_builtins()
         self.lease_ttl = lease_ttl
         self._agents: dict[str, Agent] = {a.name: a for a in agents}
+        self.graphs: dict[str, Graph] = {g.name: g for g in graphs}
+        self.spawn_limits = spawn_limits or SpawnLimits()
         self._store: SQLiteStore | None = None
         self._owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
@@ -142,13 +150,16 @@ class Runtime:
             tracing=self.tracing,
             pipeline=self.pipeline,
             builtins=self.builtins,
-            extras={"runtime": self},
+            extras={"runtime": self, "spawn_limits": self.spawn_limits},
         )
 
-    def register(self, *agents: Agent) -> None:
-        """Make agents resumable by name in this process."""
-        for agent in agents:
-            self._agents[agent.name] = agent
+    def register(self, *definitions: Agent | Graph) -> None:
+        """Make agents (and graphs) resumable by name in this process."""
+        for definition in definitions:
+            if isinstance(definition, Graph):
+                self.graphs[definition.name] = definition
+            else:
+                self._agents[definition.name] = definition
 
     # ------------------------------------------------------------------ running
     async def run(
@@ -196,8 +207,23 @@ class Runtime:
 
         return await self._drive_session(session_id, agent.name, start_and_drive)
 
+    async def run_graph(
+        self,
+        graph: Graph,
+        *,
+        source: str | None = None,
+        on_session: Callable[[str], None] | None = None,
+    ) -> GraphResult:
+        """Run a task graph in a new session; returns every task's status and report.
+
+        A failed task does not raise: it shows in ``GraphResult.tasks`` (and ``status`` is
+        ``failed``). Resume an interrupted graph with ``resume(session_id)``.
+        """
+        return await run_graph(self, graph, source=source, on_session=on_session)
+
     async def resume(self, session_id: str, agent: Agent | None = None) -> RunResult:
-        """Continue a session from wherever it stopped; a finished one returns its result.
+        """Continue a session from wherever it stopped; a finished one returns its result
+        (a ``GraphResult`` for a graph session).
 
         Raises:
             SessionNotFoundError: no such session.
@@ -229,7 +255,7 @@ class Runtime:
 
         return await self._drive_session(session_id, root_agent.name, load_and_drive)
 
-    _resumers: dict[str, Callable[..., Any]] = {}
+    _resumers: dict[str, Callable[..., Any]] = {"graph": resume_graph}
     """Resume functions for other session kinds (e.g. graphs), by kind."""
 
     def resolve_agent(self, session: SessionRecord, agent: Agent | None = None) -> Agent:

@@ -1,0 +1,74 @@
+"""The shipped examples run offline from the CLI, and `show` prints their run trees."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from anabranch.cli import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _session_id(stderr: str) -> str:
+    match = re.search(r"session (ses_\w+)", stderr)
+    assert match, stderr
+    return match.group(1)
+
+
+def test_research_example_runs_offline_and_shows_its_tree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "r.db")
+    target = f"{EXAMPLES / 'research.py'}:supervisor"
+    assert main(["run", target, "Compare SQLite and DuckDB", "--offline", "--db", db]) == 0
+    out, err = capsys.readouterr()
+    session_id = _session_id(err)
+    assert "report of sub-agent literature_researcher" in out
+    assert "report of sub-agent benchmark_researcher" in out
+
+    assert main(["show", session_id, "--db", db]) == 0
+    tree = capsys.readouterr().out.splitlines()
+    root = next(i for i, line in enumerate(tree) if line.startswith("supervisor [done]"))
+    children = tree[root + 1 : root + 3]
+    assert children[0].startswith("├─ ") and children[1].startswith("└─ ")
+    assert {c.split()[1] for c in children} == {"literature_researcher", "benchmark_researcher"}
+    assert all("[done]" in c and "turns=2" in c and "compactions=0" in c for c in children)
+
+
+def test_graph_example_runs_offline_shows_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "g.db")
+    target = f"{EXAMPLES / 'graph.py'}:graph"
+    assert main(["run", target, "--offline", "--db", db]) == 0
+    out, err = capsys.readouterr()
+    session_id = _session_id(err)
+    assert "Report on: Answer the question" in out
+
+    assert main(["show", session_id, "--db", db]) == 0
+    shown = capsys.readouterr().out
+    for task, agent in [
+        ("plan", "planner"),
+        ("sqlite", "sqlite_researcher"),
+        ("duckdb", "duckdb_researcher"),
+        ("synthesis", "writer"),
+    ]:
+        assert re.search(rf"^{task}: {agent} \[done\] run_\w+ +turns=\d", shown, re.M), shown
+
+    assert main(["resume", session_id, "--db", db, "--offline"]) == 0
+    assert capsys.readouterr().out == out
+
+
+def test_run_checks_the_task_argument_against_the_definition(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "e.db")
+    assert main(["run", f"{EXAMPLES / 'graph.py'}:graph", "a task", "--db", db]) == 1
+    assert "is a Graph" in capsys.readouterr().err
+    assert main(["run", f"{EXAMPLES / 'research.py'}:supervisor", "--db", db]) == 1
+    assert "give it a TASK" in capsys.readouterr().err
+    assert main(["run", f"{EXAMPLES / 'graph.py'}:QUESTION", "--db", db]) == 1
+    assert "not an Agent or a Graph" in capsys.readouterr().err
