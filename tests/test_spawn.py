@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from anabranch import Agent, ContextPolicy, Runtime, SpawnLimits, tool
 from anabranch.context.messages import ModelRequest, TextBlock
 from anabranch.context.pairing import pairing_violations
 from anabranch.errors import ModelAPIError
+from anabranch.runtime.loop import AgentRun
+from anabranch.runtime.pipeline import PassThroughPipeline
 from anabranch.runtime.spawn import fork_definition
 from anabranch.testing import TestModel
 from subagent_helpers import (
@@ -394,3 +399,49 @@ def test_fork_definition_keeps_the_parents_prompt_and_the_roles_limits() -> None
     assert (forked.model, forked.instructions, forked.tools) == ("big", "parent", parent.tools)
     assert forked.name == "r" and forked.context.window == 3000
     assert (forked.max_turns, forked.timeout, forked.max_report_tokens) == (4, 5.0, 50)
+
+
+class _WindowRecorder(PassThroughPipeline):
+    def __init__(self) -> None:
+        self.seen: dict[str, tuple[int, int]] = {}
+
+    async def before_call(self, run: AgentRun) -> None:
+        self.seen[run.agent.name] = (run.agent.context.window, run.threshold)
+
+
+async def test_each_child_keeps_its_own_window(tmp_path: object) -> None:
+    def boss(request: ModelRequest) -> object:
+        if first_turn(request):
+            return [spawn("small", "s"), spawn("big", "b", mode="fork")]
+        return "ok"
+
+    small = Agent(
+        name="small",
+        model="small",
+        context=ContextPolicy(window=4_000, compact_at=0.5, output_reserve=100),
+    )
+    big = Agent(name="big", model="big", context=ContextPolicy(window=90_000, compact_at=0.8))
+    pipeline = _WindowRecorder()
+    model = routed(
+        boss=lambda r: "fork done" if "forked" in r.messages[-1].text else boss(r),
+        small=lambda r: "s",
+    )
+    async with Runtime(db=tmp_path / "w.db", model=model, pipeline=pipeline) as rt:  # type: ignore[operator]
+        await rt.run(_agents_with(small, big), "go")
+    assert pipeline.seen["boss"] == (SMALL.window, SMALL.threshold)
+    assert pipeline.seen["small"] == (4_000, 2_000)
+    assert pipeline.seen["big"] == (90_000, 72_000)  # a fork too has its role's window
+
+
+async def test_child_spans_nest_under_the_spawn_call(tmp_path: object) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    boss = Agent(name="boss", model="m", subagents=[Agent(name="kid", model="m")])
+    async with Runtime(db=tmp_path / "o.db", model=TestModel(), tracer_provider=provider) as rt:  # type: ignore[operator]
+        await rt.run(boss, "go")
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    spawn_span, kid_span = spans["execute_tool spawn_agent"], spans["invoke_agent kid"]
+    assert kid_span.parent is not None and spawn_span.context is not None
+    assert kid_span.parent.span_id == spawn_span.context.span_id
+    assert kid_span.context is not None and spawn_span.context.trace_id == kid_span.context.trace_id
