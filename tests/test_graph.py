@@ -14,7 +14,8 @@ from anabranch.context.messages import ModelRequest
 from anabranch.errors import ModelAPIError
 from anabranch.runtime.report import session_tree
 from anabranch.testing import TestModel
-from subagent_helpers import (
+
+from .subagent_helpers import (
     assert_store_consistent,
     eventually,
     first_turn,

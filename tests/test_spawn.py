@@ -16,7 +16,8 @@ from anabranch.runtime.loop import AgentRun
 from anabranch.runtime.pipeline import PassThroughPipeline
 from anabranch.runtime.spawn import fork_definition
 from anabranch.testing import TestModel
-from subagent_helpers import (
+
+from .subagent_helpers import (
     assert_store_consistent,
     eventually,
     first_turn,

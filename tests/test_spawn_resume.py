@@ -15,7 +15,8 @@ from anabranch.runtime.children import open_run
 from anabranch.runtime.loop import AgentRun
 from anabranch.runtime.spawn import SpawnTool
 from anabranch.store import RunRecord, SessionRecord
-from subagent_helpers import (
+
+from .subagent_helpers import (
     assert_store_consistent,
     eventually,
     first_turn,
