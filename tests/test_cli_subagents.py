@@ -72,3 +72,41 @@ def test_run_checks_the_task_argument_against_the_definition(
     assert "give it a TASK" in capsys.readouterr().err
     assert main(["run", f"{EXAMPLES / 'graph.py'}:QUESTION", "--db", db]) == 1
     assert "not an Agent or a Graph" in capsys.readouterr().err
+
+
+FAILING_GRAPH = '''
+from anabranch import Agent, Graph, Task, tool
+
+@tool
+def poke() -> str:
+    """Poke."""
+    return "poked"
+
+flaky = Agent(name="flaky", tools=[poke], max_turns=1)   # needs a second turn to answer
+steady = Agent(name="steady")
+graph = Graph(
+    name="breaks",
+    tasks=[
+        Task(id="first", agent=flaky, prompt="poke it"),
+        Task(id="second", agent=steady, prompt="use it", depends_on=["first"]),
+        Task(id="side", agent=steady, prompt="on the side"),
+    ],
+)
+'''
+
+
+def test_a_failed_graph_exits_non_zero_and_show_lists_tasks_never_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "breaks.py"
+    source.write_text(FAILING_GRAPH)
+    db = str(tmp_path / "b.db")
+    assert main(["run", f"{source}:graph", "--offline", "--db", db]) == 1
+    _, err = capsys.readouterr()
+    assert "graph breaks failed" in err and "max_turns=1" in err
+    assert main(["show", _session_id(err), "--db", db]) == 0
+    shown = capsys.readouterr().out
+    assert "status=failed" in shown
+    assert re.search(r"^first: flaky \[failed\]", shown, re.M)
+    assert re.search(r"^side: steady \[done\]", shown, re.M)
+    assert re.search(r"^second: steady \[not run\]", shown, re.M)

@@ -8,6 +8,9 @@ from pathlib import Path
 import anyio
 import pydantic
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from anabranch import Agent, ContextPolicy, Graph, GraphResult, Runtime, Task, tool
 from anabranch.context.messages import ModelRequest
@@ -339,3 +342,20 @@ async def test_resume_needs_the_graph_definition(tmp_path: Path) -> None:
     async with Runtime(db=tmp_path / "x.db", model=TestModel()) as rt:
         with pytest.raises(Exception, match="cannot find graph 'lost'"):
             await rt.resume(result.session_id)
+
+
+async def test_one_trace_per_graph_with_tasks_under_the_graph_span(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    graph = _diamond(_agent("lefty"), _agent("righty"), name="traced")
+    async with Runtime(db=tmp_path / "t.db", model=TestModel(), tracer_provider=provider) as rt:
+        result = await rt.run_graph(graph)
+    spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.name == "invoke_workflow traced"]
+    assert root.attributes is not None and root.attributes["session.id"] == result.session_id
+    tasks = [s for s in spans if s.name.startswith("invoke_agent ")]
+    assert len(tasks) == 4
+    assert root.context is not None
+    for span in tasks:
+        assert span.parent is not None and span.parent.span_id == root.context.span_id

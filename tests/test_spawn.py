@@ -446,3 +446,28 @@ async def test_child_spans_nest_under_the_spawn_call(tmp_path: object) -> None:
     assert kid_span.parent is not None and spawn_span.context is not None
     assert kid_span.parent.span_id == spawn_span.context.span_id
     assert kid_span.context is not None and spawn_span.context.trace_id == kid_span.context.trace_id
+
+
+async def test_a_timed_out_child_ends_its_own_children_too(tmp_path: object) -> None:
+    @tool(timeout=60)
+    async def stall() -> str:
+        """Never finishes."""
+        await anyio.sleep_forever()
+        return "never"
+
+    leaf = Agent(name="leaf", model="leaf", tools=[stall])
+    middle = Agent(name="middle", model="middle", subagents=[leaf], timeout=0.3)
+    model = routed(
+        boss=lambda r: [spawn("middle", "delegate")] if first_turn(r) else "ok",
+        middle=lambda r: [spawn("leaf", "stall")] if first_turn(r) else "unreachable",
+        leaf=lambda r: [use("stall", "toolu_stall")],
+    )
+    async with Runtime(db=tmp_path / "tt.db", model=model) as rt:  # type: ignore[operator]
+        result = await rt.run(_agents_with(middle), "go")
+        runs = await runs_by_agent(rt.store, result.session_id)
+        await assert_store_consistent(rt.store, result.session_id)
+    mid, low = runs["middle"][0], runs["leaf"][0]
+    assert result.status == "done"
+    assert (mid.status, mid.error) == ("failed", "timed out after 0.3 seconds")
+    assert low.status == "failed"
+    assert low.error == f"stopped with run {mid.id}: timed out after 0.3 seconds"

@@ -95,7 +95,8 @@ async def settle_subtree(
     while pending:
         record = pending.pop()
         if record.status == "running":
-            await store.finish_run(record.id, status, error=error)
+            reason = error if record.id == run_id else f"stopped with run {run_id}: {error}"
+            await store.finish_run(record.id, status, error=reason)
         pending.extend(below.get(record.id, []))
 
 
@@ -104,8 +105,9 @@ async def drive_to_outcome(run: AgentRun) -> RunOutcome:
     failing) is recorded on the run and returned; cancellation propagates untouched."""
     try:
         output = await run.drive()
-    except TimeoutError:
-        error = f"timed out after {run.agent.timeout} seconds"
+    except TimeoutError as exc:
+        timeout = run.agent.timeout
+        error = f"timed out after {timeout} seconds" if timeout else _describe(exc)
     except Exception as exc:
         error = _describe(exc)
     else:

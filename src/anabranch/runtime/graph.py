@@ -274,7 +274,10 @@ async def _drive(rt: Runtime, session_id: str, graph: Graph) -> GraphResult:
         async with anyio.create_task_group() as group:
             group.start_soon(rt._keep_lease, session_id)
             try:
-                results = await schedule.run()
+                with rt.tracing.graph_run(
+                    graph=graph.name, session_id=session_id, tasks=len(graph.tasks)
+                ):
+                    results = await schedule.run()
             finally:
                 group.cancel_scope.cancel()
     except anyio.get_cancelled_exc_class():

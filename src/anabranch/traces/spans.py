@@ -81,6 +81,20 @@ class Tracing:
         with self._span(f"invoke_agent {agent}", SpanKind.INTERNAL, attributes) as span:
             yield span
 
+    @contextmanager
+    def graph_run(self, *, graph: str, session_id: str, tasks: int) -> Iterator[Span]:
+        """The span of a task graph: every task's ``invoke_agent`` span nests under it."""
+        attributes = {
+            "gen_ai.operation.name": "invoke_workflow",
+            "gen_ai.conversation.id": session_id,
+            "openinference.span.kind": "CHAIN",
+            "session.id": session_id,
+            "anabranch.graph.name": graph,
+            "anabranch.graph.tasks": tasks,
+        }
+        with self._span(f"invoke_workflow {graph}", SpanKind.INTERNAL, attributes) as span:
+            yield span
+
     def agent_output(self, span: Span, output: str, usage: Usage | None = None) -> None:
         attributes: dict[str, Any] = {}
         if self.capture_content:
