@@ -28,7 +28,8 @@ from anabranch.context.messages import (
     ToolUseBlock,
 )
 from anabranch.runtime.builtins import ToolOutcome
-from anabranch.runtime.children import capped_report, drive_to_outcome, open_run
+from anabranch.runtime.children import RunOutcome, capped_report, drive_to_outcome, open_run
+from anabranch.store import RunRecord
 
 if TYPE_CHECKING:
     from anabranch.runtime.loop import AgentRun, Environment
@@ -171,64 +172,73 @@ class SpawnTool:
                 f"Unknown sub-agent {args.agent!r}. You can spawn: {allowed}.", is_error=True
             )
         env = run.env
-        store = env.store
         cap = self._report_cap(run, role)
-        existing = await store.find_child_run(run.id, call.id)
+        existing = await env.store.find_child_run(run.id, call.id)
         if existing is not None and existing.status != "running":
-            done = existing.status == "done"
-            output, error = existing.output or "", existing.error
-            return await self._outcome(run, call, role, existing.id, done, output, error, cap)
-        limits = self._limits(env)
-        depth = run.record.depth + 1
+            status: Literal["done", "failed"] = "done" if existing.status == "done" else "failed"
+            stored = RunOutcome(existing.id, status, existing.output or "", existing.error)
+            return await self._tool_result(run, call, role, stored, cap)
         state = env.extras.setdefault("spawn_children", _SessionSpawns())
         assert isinstance(state, _SessionSpawns)
         if existing is None:
-            if depth > limits.max_depth:
-                return ToolOutcome(
-                    f"Cannot spawn {role.name}: this agent is at depth {run.record.depth} and "
-                    f"the maximum sub-agent depth is {limits.max_depth}. Do the task yourself.",
-                    is_error=True,
-                )
-            if state.active >= limits.max_children:
-                return ToolOutcome(
-                    f"Cannot spawn {role.name}: {state.active} sub-agents are already running "
-                    f"in this session (max_children={limits.max_children}). Wait for their "
-                    f"reports, then spawn again or do the task yourself.",
-                    is_error=True,
-                )
+            refusal = self._refusal(run, role, state)
+            if refusal is not None:
+                return ToolOutcome(refusal, is_error=True)
         state.active += 1
         try:
-            if args.mode == "fork":
-                child_agent = fork_definition(run.agent, role, cap)
-                child = await open_run(
-                    env,
-                    child_agent,
-                    existing,
-                    [*run.context, _fork_turn(run, call, role, cap, args)],
-                    snapshot=(run.system, run.tools),
-                    parent_run_id=run.id,
-                    parent_call_id=call.id,
-                    depth=depth,
-                    mode="fork",
-                )
-            else:
-                child_agent = role.model_copy(update={"max_report_tokens": cap})
-                child = await open_run(
-                    env,
-                    child_agent,
-                    existing,
-                    args.task,
-                    parent_run_id=run.id,
-                    parent_call_id=call.id,
-                    depth=depth,
-                    mode="fresh",
-                )
+            child = await self._open_child(run, call, role, args, existing, cap)
             outcome = await drive_to_outcome(child)
         finally:
             state.active -= 1
-        done = outcome.status == "done"
-        return await self._outcome(
-            run, call, role, child.id, done, outcome.output, outcome.error, cap
+        return await self._tool_result(run, call, role, outcome, cap)
+
+    def _refusal(self, run: AgentRun, role: Agent, state: _SessionSpawns) -> str | None:
+        """Why a new child may not start now (depth, concurrent children), or None."""
+        limits = self._limits(run.env)
+        if run.record.depth + 1 > limits.max_depth:
+            return (
+                f"Cannot spawn {role.name}: this agent is at depth {run.record.depth} and "
+                f"the maximum sub-agent depth is {limits.max_depth}. Do the task yourself."
+            )
+        if state.active >= limits.max_children:
+            return (
+                f"Cannot spawn {role.name}: {state.active} sub-agents are already running "
+                f"in this session (max_children={limits.max_children}). Wait for their "
+                f"reports, then spawn again or do the task yourself."
+            )
+        return None
+
+    async def _open_child(
+        self,
+        run: AgentRun,
+        call: ToolUseBlock,
+        role: Agent,
+        args: SpawnArguments,
+        existing: RunRecord | None,
+        cap: int,
+    ) -> AgentRun:
+        """Start the child (or continue the stored one) in its own context."""
+        if args.mode == "fork":
+            return await open_run(
+                run.env,
+                fork_definition(run.agent, role, cap),
+                existing,
+                [*run.context, _fork_turn(run, call, role, cap, args)],
+                snapshot=(run.system, run.tools),
+                parent_run_id=run.id,
+                parent_call_id=call.id,
+                depth=run.record.depth + 1,
+                mode="fork",
+            )
+        return await open_run(
+            run.env,
+            role.model_copy(update={"max_report_tokens": cap}),
+            existing,
+            args.task,
+            parent_run_id=run.id,
+            parent_call_id=call.id,
+            depth=run.record.depth + 1,
+            mode="fresh",
         )
 
     @staticmethod
@@ -242,23 +252,22 @@ class SpawnTool:
         share = int(run.agent.context.window * self._limits(run.env).reports_share) // siblings
         return max(1, min(role.max_report_tokens, share))
 
-    async def _outcome(
-        self,
-        run: AgentRun,
-        call: ToolUseBlock,
-        role: Agent,
-        child_id: str,
-        done: bool,
-        output: str,
-        error: str | None,
-        cap: int,
+    async def _tool_result(
+        self, run: AgentRun, call: ToolUseBlock, role: Agent, outcome: RunOutcome, cap: int
     ) -> ToolOutcome:
-        if not done:
+        """The parent's tool result: the capped report, or the child's error."""
+        if outcome.status != "done":
             return ToolOutcome(
-                f"Sub-agent {role.name} (run {child_id}) failed: {error or 'unknown error'}",
+                f"Sub-agent {role.name} (run {outcome.run_id}) failed: "
+                f"{outcome.error or 'unknown error'}",
                 is_error=True,
             )
         report = await capped_report(
-            run.env.store, output, cap, run_id=child_id, owner_run_id=run.id, call_id=call.id
+            run.env.store,
+            outcome.output,
+            cap,
+            run_id=outcome.run_id,
+            owner_run_id=run.id,
+            call_id=call.id,
         )
-        return ToolOutcome(f"[report of sub-agent {role.name}, run {child_id}]\n{report}")
+        return ToolOutcome(f"[report of sub-agent {role.name}, run {outcome.run_id}]\n{report}")
