@@ -262,33 +262,32 @@ async def _result(
     )
 
 
+class _GraphFailed(Exception):
+    """Carries a failed graph's result through the session driver (which records it)."""
+
+    def __init__(self, result: GraphResult) -> None:
+        super().__init__(result.error or "a task failed")
+        self.result = result
+
+
 async def _drive(rt: Runtime, session_id: str, graph: Graph) -> GraphResult:
-    store = rt.store
-    owner = rt._owner
+    """Schedule the graph under the runtime's session driver (lease, status, cancellation)."""
     env = rt.environment(session_id)
-    await store.acquire_lease(session_id, owner, rt.lease_ttl)
-    try:
-        await store.set_session_status(session_id, "running")
+    finished: list[GraphResult] = []
+
+    async def drive() -> str:
         runs = await _task_runs(rt, session_id)
         schedule = _Schedule(env, graph, runs, _stored_results(graph, runs))
-        async with anyio.create_task_group() as group:
-            group.start_soon(rt._keep_lease, session_id)
-            try:
-                with rt.tracing.graph_run(
-                    graph=graph.name, session_id=session_id, tasks=len(graph.tasks)
-                ):
-                    results = await schedule.run()
-            finally:
-                group.cancel_scope.cancel()
-    except anyio.get_cancelled_exc_class():
-        with anyio.CancelScope(shield=True):
-            await store.set_session_status(session_id, "cancelled", error="cancelled")
-        raise
-    finally:
-        with anyio.CancelScope(shield=True):
-            await store.release_lease(session_id, owner)
-    result = await _result(rt, session_id, graph, results)
-    await store.set_session_status(
-        session_id, result.status, output=result.output, error=result.error
-    )
-    return result
+        with rt.tracing.graph_run(graph=graph.name, session_id=session_id, tasks=len(graph.tasks)):
+            results = await schedule.run()
+        result = await _result(rt, session_id, graph, results)
+        if result.status != "done":
+            raise _GraphFailed(result)
+        finished.append(result)
+        return result.output
+
+    try:
+        await rt._drive_session(session_id, graph.name, drive)
+    except _GraphFailed as failed:
+        return failed.result
+    return finished[0]
