@@ -41,7 +41,7 @@ async def estimate_scan_speed(
 
 planner = Agent(
     name="planner",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-5-5",
     instructions="Break the question into two research questions, one per database.",
     context=ContextPolicy(window=32_000),
     max_report_tokens=300,
@@ -49,7 +49,7 @@ planner = Agent(
 
 sqlite_researcher = Agent(
     name="sqlite_researcher",
-    model="claude-haiku-4-5",
+    model="claude-haiku-5-5",
     description="Researches SQLite.",
     instructions="Answer the SQLite question from the plan using your tools.",
     tools=[read_fact_sheet],
@@ -59,7 +59,7 @@ sqlite_researcher = Agent(
 
 duckdb_researcher = Agent(
     name="duckdb_researcher",
-    model="claude-haiku-4-5",
+    model="claude-haiku-5-5",
     description="Researches DuckDB.",
     instructions="Answer the DuckDB question from the plan using your tools.",
     tools=[read_fact_sheet, estimate_scan_speed],
@@ -69,7 +69,7 @@ duckdb_researcher = Agent(
 
 writer = Agent(
     name="writer",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-5-5",
     instructions="Write a short comparison from the research reports you are given.",
     context=ContextPolicy(window=64_000),
 )

@@ -21,7 +21,7 @@ FORK_MARKER = "You are now a forked sub-agent"
 def _policy(request: ModelRequest) -> object:
     if FORK_MARKER in request.messages[-1].text:
         return "fork report"
-    if request.model == "claude-haiku-4-5":
+    if request.model == "claude-haiku-5-5":
         return "fresh report"
     if first_turn(request):
         return [
@@ -38,8 +38,8 @@ async def _first_call_usage(rt: Runtime, run_id: str) -> Usage:
 
 
 async def test_fork_reads_the_parents_cached_prefix(tmp_path: Path) -> None:
-    checker = Agent(name="checker", model="claude-haiku-4-5", description="Checks plans.")
-    scout = Agent(name="scout", model="claude-haiku-4-5", instructions="Scout.")
+    checker = Agent(name="checker", model="claude-haiku-5-5", description="Checks plans.")
+    scout = Agent(name="scout", model="claude-haiku-5-5", instructions="Scout.")
     boss = Agent(
         name="boss",
         model="claude-opus-4-8",
