@@ -274,7 +274,7 @@ def add_command(
     return sub
 
 
-EXTENSIONS: list[str] = ["anabranch.testing.cli"]
+EXTENSIONS: list[str] = ["anabranch.testing.cli", "anabranch.cli_compaction"]
 """Modules with a ``register(commands)`` function that add their own sub-commands."""
 
 

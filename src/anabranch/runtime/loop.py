@@ -171,7 +171,9 @@ class AgentRun:
             records = await store.load_messages(record.id)
             run.context = [_message_from_record(r) for r in records]
         else:
-            run.compactions = len(await store.list_boundaries(run_id=record.id))
+            run.compactions = sum(
+                b.status == "ok" for b in await store.list_boundaries(run_id=record.id)
+            )
             context = list(messages_from_json(boundary.prefix))
             for first, last in json.loads(boundary.ranges):
                 records = await store.load_messages(record.id, from_seq=first, to_seq=last)

@@ -22,15 +22,18 @@ from anabranch.errors import (
     UserError,
 )
 from anabranch.runtime.builtins import BuiltinTool
+from anabranch.runtime.compactor import CompactingPipeline
 from anabranch.runtime.graph import resume_graph, run_graph
 from anabranch.runtime.loader import load_object
 from anabranch.runtime.loop import AgentRun, Environment, new_id
 from anabranch.runtime.model import Model
-from anabranch.runtime.pipeline import ContextPipeline, PassThroughPipeline
+from anabranch.runtime.pipeline import ContextPipeline
+from anabranch.runtime.recall import RecallTool
 from anabranch.runtime.results import GraphResult, RunResult
 from anabranch.runtime.retry import RetryPolicy
+from anabranch.runtime.rewind import rewind_run
 from anabranch.runtime.spawn import SpawnLimits, SpawnTool
-from anabranch.store import RunRecord, SessionRecord, SQLiteStore
+from anabranch.store import BoundaryRecord, RunRecord, SessionRecord, SQLiteStore
 from anabranch.store.sqlite import Synchronous
 from anabranch.traces import Tracing
 
@@ -41,12 +44,12 @@ DEFAULT_DB = "anabranch.db"
 
 def default_builtins() -> tuple[BuiltinTool, ...]:
     """The built-in tools every runtime offers (to the agents they apply to)."""
-    return (SpawnTool(),)
+    return (SpawnTool(), RecallTool())
 
 
 def default_pipeline() -> ContextPipeline:
-    """The context pipeline used when none is given."""
-    return PassThroughPipeline()
+    """The context pipeline used when none is given: budgets, clearing, compaction."""
+    return CompactingPipeline()
 
 
 def _agent_outline(agent: Agent) -> dict[str, Any]:
@@ -342,6 +345,22 @@ class Runtime:
             await anyio.sleep(self.lease_ttl / 3)
             with anyio.CancelScope(shield=True):
                 await self.store.renew_lease(session_id, self._owner, self.lease_ttl)
+
+    async def rewind(self, session_id: str, run_id: str, boundary_id: int) -> BoundaryRecord:
+        """Restore a run's context to what it was before boundary ``boundary_id``.
+
+        The rewind is a new boundary (a new branch); nothing is deleted, so the context
+        that was left stays readable. Resume the session to continue from it.
+
+        Raises:
+            UserError: unknown run or boundary; SessionBusyError: the session is running.
+        """
+        await self.store.acquire_lease(session_id, self._owner, self.lease_ttl)
+        try:
+            return await rewind_run(self.store, session_id, run_id, boundary_id)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.store.release_lease(session_id, self._owner)
 
     # ------------------------------------------------------------------ reporting
     async def session_usage(self, session_id: str, run_id: str | None = None) -> Usage:

@@ -8,11 +8,13 @@ from typing import Literal
 __all__ = [
     "BoundaryRecord",
     "CallRecord",
+    "HistoryHit",
     "MessageRecord",
     "RunRecord",
     "RunStatus",
     "SessionRecord",
     "SnapshotRecord",
+    "SpillRecord",
     "ToolEventRecord",
 ]
 
@@ -63,6 +65,8 @@ class MessageRecord:
     content: str
     """JSON list of content blocks."""
     kind: str = "message"
+    """``message`` for the transcript; ``context`` for a derived message (a stub or an
+    elided copy) that a compacted context refers to by seq."""
     created: float = 0.0
     id: int | None = None
 
@@ -146,3 +150,24 @@ class BoundaryRecord:
     extra: str | None = None
     id: int | None = None
     details: dict[str, object] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class SpillRecord:
+    """A full text kept out of a context, fetched back by its handle."""
+
+    handle: str
+    run_id: str
+    call_id: str
+    content: str
+    created: float
+
+
+@dataclass(frozen=True)
+class HistoryHit:
+    """One full-text search match in a run's history."""
+
+    source: Literal["message", "spill"]
+    ref: str
+    """The message seq (as text) or the spill handle."""
+    snippet: str

@@ -186,7 +186,51 @@ def _v2_call_prefix(db: sqlite_utils.Database) -> None:
     db.table("calls").add_column("compactions", int)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_v1, _v2_call_prefix]
+_MESSAGE_TEXT = """(
+    SELECT group_concat(
+        COALESCE(
+            json_extract(value, '$.text'),
+            json_extract(value, '$.content'),
+            json_extract(value, '$.name') || ' ' || json_extract(value, '$.input')
+        ),
+        char(10))
+    FROM json_each({row}.content)
+)"""
+
+
+def _v3_history_search(db: sqlite_utils.Database) -> None:
+    """Full-text search over each run's history (original messages and spilled outputs)."""
+    db.execute(
+        "CREATE VIRTUAL TABLE history_fts USING fts5("
+        "body, run_id UNINDEXED, source UNINDEXED, ref UNINDEXED, tokenize='unicode61')"
+    )
+    db.execute(
+        "CREATE TRIGGER history_fts_messages AFTER INSERT ON messages "
+        "WHEN new.kind = 'message' BEGIN "
+        "INSERT INTO history_fts(body, run_id, source, ref) VALUES ("
+        f"{_MESSAGE_TEXT.format(row='new')}, new.run_id, 'message', new.seq); END"
+    )
+    db.execute(
+        "CREATE TRIGGER history_fts_spills AFTER INSERT ON spills BEGIN "
+        "INSERT INTO history_fts(body, run_id, source, ref) "
+        "VALUES (new.content, new.run_id, 'spill', new.handle); END"
+    )
+    db.execute(
+        "INSERT INTO history_fts(body, run_id, source, ref) "
+        f"SELECT {_MESSAGE_TEXT.format(row='m')}, m.run_id, 'message', m.seq "
+        "FROM messages m WHERE m.kind = 'message'"
+    )
+    db.execute(
+        "INSERT INTO history_fts(body, run_id, source, ref) "
+        "SELECT content, run_id, 'spill', handle FROM spills"
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _v1,
+    _v2_call_prefix,
+    _v3_history_search,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sqlite3
 import time
@@ -29,11 +30,13 @@ from anabranch.errors import DatabaseError, SessionBusyError
 from anabranch.store.records import (
     BoundaryRecord,
     CallRecord,
+    HistoryHit,
     MessageRecord,
     RunRecord,
     RunStatus,
     SessionRecord,
     SnapshotRecord,
+    SpillRecord,
     ToolEventRecord,
 )
 from anabranch.store.schema import APP_ID, SCHEMA_VERSION, migrate
@@ -628,6 +631,12 @@ class SQLiteStore:
         rows = await self._read(lambda conn: self._rows(conn, sql, params))
         return [BoundaryRecord(**row) for row in rows]
 
+    async def get_boundary(self, boundary_id: int) -> BoundaryRecord | None:
+        rows = await self._read(
+            lambda conn: self._rows(conn, "SELECT * FROM boundaries WHERE id = ?", (boundary_id,))
+        )
+        return BoundaryRecord(**rows[0]) if rows else None
+
     async def latest_boundary(self, run_id: str) -> BoundaryRecord | None:
         rows = await self._read(
             lambda conn: self._rows(
@@ -663,6 +672,37 @@ class SQLiteStore:
             ).fetchall()
         )
         return str(rows[0][0]) if rows else None
+
+    async def get_spill_record(self, handle: str) -> SpillRecord | None:
+        """The spill behind ``handle`` with the run that saved it."""
+        rows = await self._read(
+            lambda conn: self._rows(conn, "SELECT * FROM spills WHERE handle = ?", (handle,))
+        )
+        return SpillRecord(**rows[0]) if rows else None
+
+    # ----------------------------------------------------------------- history search
+    async def search_history(self, run_id: str, text: str, limit: int = 5) -> list[HistoryHit]:
+        """Full-text matches of ``text``'s words in one run's original messages and spills.
+
+        Every word must match; if nothing does, any word may. Best matches first.
+        """
+        words = re.findall(r"\w+", text)
+        if not words:
+            return []
+        quoted = ['"' + w.replace('"', '""') + '"' for w in words]
+        sql = (
+            "SELECT source, ref, snippet(history_fts, 0, '[', ']', '…', 16) AS snippet "
+            "FROM history_fts WHERE history_fts MATCH ? AND run_id = ? ORDER BY rank LIMIT ?"
+        )
+
+        def search(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            rows = self._rows(conn, sql, (" ".join(quoted), run_id, limit))
+            if not rows and len(quoted) > 1:
+                rows = self._rows(conn, sql, (" OR ".join(quoted), run_id, limit))
+            return rows
+
+        rows = await self._read(search)
+        return [HistoryHit(row["source"], str(row["ref"]), row["snippet"]) for row in rows]
 
     # ----------------------------------------------------------------- cache breaks
     async def add_cache_break(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from anabranch.context.compaction import is_compaction_message
 from anabranch.context.messages import (
     Block,
     Message,
@@ -29,6 +31,8 @@ __all__ = [
 ]
 
 SUMMARY_TAG = "<summary>"
+_ROUND_ID = re.compile(r"^toolu_[0-9a-f]{20}r(\d+)$")
+_ASKED = re.compile(r"^User asked: (.*)$", re.MULTILINE)
 
 
 def is_summary_request(request: ModelRequest) -> bool:
@@ -114,16 +118,26 @@ class TestModel:
     with an enum parameter once per enum value, so a supervisor spawns each sub-agent),
     then a final text answer summarising the tool results it saw. A compaction request
     (a user turn asking for ``<summary>``) is answered with an ``<analysis>``/``<summary>``.
+    Tool ids carry their round number, so the count survives compaction: a compacted
+    context's opening turn is not a new task. Tools in ``skip_tools`` (the built-in
+    ``recall``, by default) are never called.
     Deterministic: the same request always gets the same response.
     """
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, *, rounds: int = 1, report_chars: int = 120) -> None:
+    def __init__(
+        self,
+        *,
+        rounds: int = 1,
+        report_chars: int = 120,
+        skip_tools: Collection[str] = ("recall",),
+    ) -> None:
         if rounds < 0:
             raise ValueError("rounds must be >= 0")
         self.rounds = rounds
         self.report_chars = report_chars
+        self.skip_tools = frozenset(skip_tools)
         self.requests: list[ModelRequest] = []
 
     async def request(self, request: ModelRequest) -> ModelResponse:
@@ -143,8 +157,9 @@ class TestModel:
         if is_summary_request(request):
             return [TextBlock(text=self._summary(request.messages[:-1]))]
         rounds_done = self._rounds_since_task(request.messages)
-        if request.tools and rounds_done < self.rounds:
-            return self._tool_calls(request, rounds_done)
+        callable_tools = [t for t in request.tools if t.name not in self.skip_tools]
+        if callable_tools and rounds_done < self.rounds:
+            return self._tool_calls(request, callable_tools, rounds_done)
         return [TextBlock(text=self._report(request.messages))]
 
     @staticmethod
@@ -152,32 +167,49 @@ class TestModel:
         rounds = 0
         for message in reversed(messages):
             if message.role == "assistant" and message.tool_uses:
+                match = _ROUND_ID.match(message.tool_uses[0].id)
+                if match:
+                    return int(match.group(1)) + 1 + rounds
                 rounds += 1
             elif message.role == "user" and not message.tool_results:
                 break
         return rounds
 
-    def _tool_calls(self, request: ModelRequest, round_index: int) -> list[Block]:
+    def _tool_calls(
+        self, request: ModelRequest, tools: Sequence[ToolDefinition], round_index: int
+    ) -> list[Block]:
         salt = hashlib.sha256(
             canonical_json([len(request.messages), request.messages[-1].text]).encode()
         ).hexdigest()
         blocks: list[Block] = []
-        for definition in request.tools:
+        for definition in tools:
             for seed in range(_enum_fanout(definition)):
                 call_id = hashlib.sha256(
                     f"{salt}:{definition.name}:{seed}:{round_index}".encode()
-                ).hexdigest()[:24]
+                ).hexdigest()[:20]
                 blocks.append(
                     ToolUseBlock(
-                        id=f"toolu_{call_id}",
+                        id=f"toolu_{call_id}r{round_index}",
                         name=definition.name,
                         input=arguments_for_schema(definition.input_schema, seed=seed),
                     )
                 )
         return blocks
 
+    @staticmethod
+    def _asked(messages: Sequence[Message]) -> str:
+        """The original request, also through a compacted context's opening turn."""
+        first = next((m for m in messages if m.role == "user" and m.text), None)
+        if first is None:
+            return ""
+        if not is_compaction_message(first):
+            return first.text
+        body = "\n".join(b.text for b in first.content[1:] if isinstance(b, TextBlock))
+        match = _ASKED.search(body)
+        return match.group(1) if match else body.strip()
+
     def _report(self, messages: Sequence[Message]) -> str:
-        task = next((m.text for m in messages if m.role == "user" and m.text), "")
+        task = self._asked(messages)
         lines = [f"Report on: {task[: self.report_chars]}"]
         names = {b.id: b.name for m in messages for b in m.tool_uses}
         for message in messages:
@@ -190,12 +222,12 @@ class TestModel:
         return "\n".join(lines)
 
     def _summary(self, messages: Sequence[Message]) -> str:
-        user_texts = [m.text for m in messages if m.role == "user" and m.text]
+        asked = self._asked(messages)
         tools = sorted({b.name for m in messages for b in m.tool_uses})
         results = [r for m in messages for r in m.tool_results]
         facts = [" ".join(r.content.split())[: self.report_chars] for r in results[-3:]]
         body = [
-            f"User asked: {user_texts[0][: self.report_chars] if user_texts else '(nothing)'}",
+            f"User asked: {asked[: self.report_chars] if asked else '(nothing)'}",
             f"Messages summarized: {len(messages)}",
             f"Tools used: {', '.join(tools) or 'none'}",
             *(f"Result: {fact}" for fact in facts),

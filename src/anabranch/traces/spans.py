@@ -223,6 +223,57 @@ class Tracing:
         )
         _safe_set(target, {"anabranch.cache.break.cause": cause})
 
+    @contextmanager
+    def compact_span(
+        self, *, agent: str, run_id: str, session_id: str, trigger: str, strategy: str
+    ) -> Iterator[Span]:
+        """``compact {agent}``: one compaction (the summarizer's model call nests inside)."""
+        attributes = {
+            "gen_ai.operation.name": "compact",
+            "gen_ai.agent.name": agent,
+            "gen_ai.agent.id": run_id,
+            "gen_ai.conversation.id": session_id,
+            "openinference.span.kind": "CHAIN",
+            "session.id": session_id,
+            "anabranch.compaction.trigger": trigger,
+            "anabranch.compaction.strategy": strategy,
+        }
+        with self._span(f"compact {agent}", SpanKind.INTERNAL, attributes) as span:
+            yield span
+
+    def compaction_result(
+        self,
+        span: Span,
+        *,
+        tokens_before: int,
+        tokens_after: int | None,
+        messages_before: int,
+        messages_after: int | None,
+        kept: int | None,
+        duration: float,
+        failure: str | None = None,
+        strategy: str | None = None,
+    ) -> None:
+        """Record a compaction's outcome; a failure also sets the span's error status."""
+        _safe_set(
+            span,
+            {
+                "anabranch.compaction.strategy": strategy,
+                "anabranch.compaction.tokens_before": tokens_before,
+                "anabranch.compaction.tokens_after": tokens_after,
+                "anabranch.compaction.messages_before": messages_before,
+                "anabranch.compaction.messages_after": messages_after,
+                "anabranch.compaction.kept": kept,
+                "anabranch.compaction.duration": duration,
+                "anabranch.compaction.failure": failure,
+            },
+        )
+        if failure is not None:
+            try:
+                span.set_status(Status(StatusCode.ERROR, failure))
+            except Exception:  # pragma: no cover
+                _log.debug("could not set span status", exc_info=True)
+
     def event(self, span: Span, name: str, attributes: Mapping[str, Any]) -> None:
         try:
             span.add_event(name, {k: v for k, v in attributes.items() if v is not None})
