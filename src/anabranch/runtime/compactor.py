@@ -23,13 +23,13 @@ import inspect
 import json
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
 from opentelemetry.trace import Span
 
-from anabranch.agents import ContextPolicy
 from anabranch.context.budget import preview, spill_handle
 from anabranch.context.compaction import (
     CompactionEvent,
@@ -121,13 +121,16 @@ def _message_content(message: Message) -> str:
     return canonical_json(message.model_dump(mode="json")["content"])
 
 
-def summary_max_tokens(policy: ContextPolicy, agent_max_tokens: int) -> int:
+def summary_max_tokens(threshold: int, agent_max_tokens: int) -> int:
     """Output budget of a summary: at most a quarter of the threshold."""
-    return max(64, min(agent_max_tokens, policy.threshold // 4))
+    return max(64, min(agent_max_tokens, threshold // 4))
 
 
 class CompactingPipeline:
     """The default ``ContextPipeline`` (see the module docstring).
+
+    A ``prompt is too long`` answer that names the maximum also teaches the pipeline the
+    real limit for that run (in memory): later turns compact at ``compact_at`` of it.
 
     Args:
         max_reactive_attempts: how many times one call may be compacted again after a
@@ -136,6 +139,19 @@ class CompactingPipeline:
 
     def __init__(self, *, max_reactive_attempts: int = 3) -> None:
         self.max_reactive_attempts = max_reactive_attempts
+        self._learned: weakref.WeakKeyDictionary[AgentRun, int] = weakref.WeakKeyDictionary()
+
+    def window(self, run: AgentRun) -> int:
+        """The run's window: its policy's, or less if the API said so."""
+        window = run.agent.context.window
+        return min(window, self._learned.get(run, window))
+
+    def threshold(self, run: AgentRun) -> int:
+        """Where compaction starts for ``run`` (see ``window``)."""
+        learned = self._learned.get(run)
+        if learned is None:
+            return run.threshold
+        return min(run.threshold, int(learned * run.agent.context.compact_at))
 
     # ------------------------------------------------------------------ pipeline
     async def ingest(self, run: AgentRun, call: ToolUseBlock, outcome: ToolOutcome) -> ToolOutcome:
@@ -160,12 +176,14 @@ class CompactingPipeline:
             and run.context_tokens > policy.window * policy.clear_at
         ):
             await self.clear(run)
-        if run.context_tokens >= run.threshold:
+        if run.context_tokens >= self.threshold(run):
             await self.compact(run, trigger="auto")
 
     async def on_prompt_too_long(
         self, run: AgentRun, error: PromptTooLongError, attempt: int
     ) -> bool:
+        if error.maximum:
+            self._learned[run] = min(error.maximum, self._learned.get(run, error.maximum))
         if attempt > self.max_reactive_attempts:
             return False
         outcome = await self.compact(run, trigger="reactive", level=attempt)
@@ -294,14 +312,15 @@ class CompactingPipeline:
     ) -> Rebuilt:
         policy = run.agent.context
         fixed = self._fixed_tokens(run)
-        room = max(0, run.threshold - fixed - summary_max_tokens(policy, run.agent.max_tokens))
+        threshold = self.threshold(run)
+        room = max(0, threshold - fixed - summary_max_tokens(threshold, run.agent.max_tokens))
         split = choose_split(
             run.context,
             keep_recent=policy.keep_recent >> level if level < DEEPEST_LEVEL else 0,
             max_tail_tokens=(room // 2) >> level,
         )
         if split is None:
-            raise _CompactionError("nothing to compact: no turn boundary to cut at")
+            return self._stub_only(run, level)
         instructions = await self._pre_compact_hook(run, split, strategy, trigger)
         if strategy == "summarize":
             summary, model, usage = await self._summarize(run, split, instructions)
@@ -320,6 +339,15 @@ class CompactingPipeline:
             raise _CompactionError("invalid compacted context: " + "; ".join(problems))
         return rebuilt
 
+    def _stub_only(self, run: AgentRun, level: int) -> Rebuilt:
+        """No turn left to cut: a reactive retry can still stub the kept tool results."""
+        unchanged = Rebuilt(tuple(run.context), tuple(range(len(run.context))))
+        rebuilt = _stub_everything(unchanged, run.id) if level else unchanged
+        if not rebuilt.spills:
+            raise _CompactionError("nothing to compact: no turn boundary to cut at")
+        kept = sum(1 for source in rebuilt.sources[1:] if source is not None)
+        return Rebuilt(rebuilt.messages, rebuilt.sources, kept, rebuilt.spills)
+
     async def _pre_compact_hook(
         self, run: AgentRun, split: Split, strategy: str, trigger: str
     ) -> str | None:
@@ -335,8 +363,8 @@ class CompactingPipeline:
             messages=split.head,
             kept=((split.carry,) if split.carry else ()) + split.tail,
             tokens=run.context_tokens,
-            threshold=run.threshold,
-            window=policy.window,
+            threshold=self.threshold(run),
+            window=self.window(run),
         )
         result = policy.on_compact(event)
         if inspect.isawaitable(result):
@@ -357,8 +385,10 @@ class CompactingPipeline:
         models = [policy.summarizer_model or run.agent.model]
         if policy.fallback_summarizer_model and policy.fallback_summarizer_model not in models:
             models.append(policy.fallback_summarizer_model)
-        max_tokens = summary_max_tokens(policy, run.agent.max_tokens)
-        budget = policy.window - max_tokens - self._fixed_tokens(run) - policy.window // 20
+        window = self.window(run)
+        max_tokens = summary_max_tokens(self.threshold(run), run.agent.max_tokens)
+        fixed = self._fixed_tokens(run)
+        budget = window - max_tokens - fixed - window // 20
         errors: list[str] = []
         for model in models:
             room = budget
@@ -375,7 +405,9 @@ class CompactingPipeline:
                     response = await self._call(run, request)
                 except PromptTooLongError as exc:
                     errors.append(f"{model}: {exc}")
-                    room //= 2
+                    room = min(room, estimate_messages(messages)) // 2
+                    if exc.maximum:
+                        room = min(room, exc.maximum - max_tokens - fixed)
                     continue
                 except ModelError as exc:
                     errors.append(f"{model}: {type(exc).__name__}: {exc}")
@@ -476,7 +508,7 @@ class CompactingPipeline:
             messages=rebuilt.messages,
         )
         tokens_after = estimate_request(after)
-        if kind == "compaction" and tokens_after >= run.threshold:
+        if kind == "compaction" and tokens_after >= self.threshold(run):
             details["ineffective"] = True
         summary = details.pop("summary", None)
         model = details.pop("model", None)
