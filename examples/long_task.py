@@ -1,18 +1,14 @@
 """A long task that compacts many times, offline: each agent at its own small window.
 
-A supervisor (window 6,000 tokens) delegates to an archivist (2,500, ``summarize`` with
-a cheaper summarizer, old results cleared) and an analyst (4,000, ``verbatim``); every
-tool returns more text than fits, so outputs are spilled, old results are cleared and
-contexts are compacted again and again — and nothing is lost (``recall`` gets it back).
+A supervisor (window 4,000 tokens) delegates to an archivist (2,500 tokens, ``summarize``
+with a cheaper summarizer) and an analyst (3,000 tokens, ``verbatim``). Every tool returns
+more text than fits, so outputs are spilled and each context is compacted again and again,
+independently of the others; nothing is lost (``recall`` gets any of it back).
 
-Run it (offline, on the built-in test model; prints every compaction):
+Run it offline on the built-in test model (8 tool rounds per task), then inspect:
 
-    python examples/long_task.py [--db long.db] [--rounds 6]
-
-or through the CLI, then inspect:
-
-    anabranch run examples/long_task.py:supervisor "Write the history" --offline --db long.db
-    anabranch compactions <ID> --db long.db
+    python examples/long_task.py --db long_task.db
+    anabranch compactions <ID> --db long_task.db
 """
 
 from __future__ import annotations
@@ -58,12 +54,12 @@ async def search_ledger(
     ctx: ToolContext,
 ) -> str:
     """Search the survey ledger; returns matching entries."""
-    return f"Ledger entries for {words!r}:\n" + _prose(ctx.call_id + words, 12)
+    return f"Ledger entries for {words!r}:\n" + _prose(ctx.call_id + words, 16)
 
 
 archivist = Agent(
     name="archivist",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     description="Reads archive chapters and reports what they say.",
     instructions="Read the chapters you need and report the facts with chapter numbers.",
     tools=[read_chapter],
@@ -72,12 +68,10 @@ archivist = Agent(
         compact_at=0.7,
         output_reserve=256,
         keep_recent=4,
-        tool_result_max_chars=1_200,
-        tool_result_preview_chars=300,
-        clear_tool_results_after=2,
-        clear_at=0.5,
+        tool_result_max_chars=2_000,
+        tool_result_preview_chars=900,
         summarizer_model="claude-haiku-4-5",
-        fallback_summarizer_model="claude-sonnet-4-5",
+        fallback_summarizer_model="claude-sonnet-4-6",
     ),
     max_turns=60,
     max_report_tokens=300,
@@ -85,12 +79,12 @@ archivist = Agent(
 
 analyst = Agent(
     name="analyst",
-    model="claude-sonnet-4-5",
+    model="claude-sonnet-4-6",
     description="Searches the ledger and lists open questions.",
     instructions="Search the ledger and list the open questions it raises.",
     tools=[search_ledger],
     context=ContextPolicy(
-        window=4_000,
+        window=3_000,
         compact_at=0.6,
         output_reserve=256,
         keep_recent=4,
@@ -104,12 +98,12 @@ analyst = Agent(
 
 supervisor = Agent(
     name="supervisor",
-    model="claude-opus-4-5",
+    model="claude-opus-4-8",
     instructions="Delegate reading to the archivist and questions to the analyst, then write.",
     tools=[search_ledger],
     subagents=[archivist, analyst],
     context=ContextPolicy(
-        window=6_000,
+        window=4_000,
         compact_at=0.7,
         output_reserve=512,
         keep_recent=6,
@@ -136,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="long_task.db")
-    parser.add_argument("--rounds", type=int, default=6, help="tool rounds per agent task")
+    parser.add_argument("--rounds", type=int, default=8, help="tool rounds per agent task")
     args = parser.parse_args(argv)
     result, boundaries = anyio.run(run_long_task, TestModel(rounds=args.rounds), args.db)
     print(f"session {result.session_id}: {result.status}")
