@@ -16,6 +16,7 @@ from anabranch.context.compaction import CompactionEvent, is_compaction_message
 from anabranch.context.messages import (
     Message,
     ModelRequest,
+    TextBlock,
     ToolDefinition,
     ToolUseBlock,
 )
@@ -330,6 +331,37 @@ async def test_breaker_with_continue_goes_on_with_the_window_strategy(tmp_path: 
     assert len(checked.summary_requests()) == 2  # the summarizer is not tried again
     assert result.status == "done" and checked.problems == []
     for request in checked.main_requests():
+        assert estimate_request(request) <= agent.context.window
+
+
+async def test_compactions_that_cannot_get_below_the_threshold_trip_the_breaker(
+    tmp_path: Path,
+) -> None:
+    """Thrash protection: verbatim keeps all prose, so with long prose it stops helping."""
+    agent = small_agent(strategy="verbatim", max_compaction_failures=2, window=2000)
+    turns = {"n": 0}
+
+    def talkative(request: ModelRequest) -> Any:
+        turns["n"] += 1
+        prose = TextBlock(text=f"Step {turns['n']}: " + "I am thinking out loud. " * 12)
+        if turns["n"] > 14:
+            return [TextBlock(text="done")]
+        return [prose, ToolUseBlock(id=f"toolu_{turns['n']}", name="fetch", input={"topic": "x"})]
+
+    model = FunctionModel(talkative)
+    async with Runtime(db=tmp_path / "r.db", model=model) as rt:
+        result = await rt.run(agent, "Think a lot")
+        boundaries = await _boundaries(rt, result.session_id)
+    assert result.status == "done"
+    kinds = [b.kind for b in boundaries]
+    assert kinds.count("breaker") == 1
+    trip = kinds.index("breaker")
+    assert [extra(b).get("ineffective") for b in boundaries[trip - 2 : trip]] == [True, True]
+    assert all(b.strategy == "verbatim" for b in boundaries[:trip])
+    assert not any(extra(b).get("ineffective") for b in boundaries[: trip - 2])
+    after = boundaries[trip + 1 :]
+    assert after and all(b.strategy == "window" and extra(b)["degraded"] for b in after)
+    for request in model.requests:
         assert estimate_request(request) <= agent.context.window
 
 

@@ -198,10 +198,9 @@ class CompactingPipeline:
         freed = estimate_messages(run.context) - estimate_messages(rebuilt.messages)
         if not rebuilt.spills or freed < policy.window * MIN_CLEAR_FRACTION:
             return CompactionOutcome(applied=False)
-        tracing = run.env.tracing
         started = time.monotonic()
-        tokens_before, messages_before = run.context_tokens, len(run.context)
-        with tracing.compact_span(
+        before = (run.context_tokens, len(run.context))
+        with run.env.tracing.compact_span(
             agent=run.agent.name,
             run_id=run.id,
             session_id=run.env.session_id,
@@ -211,21 +210,14 @@ class CompactingPipeline:
             boundary_id = await self._apply(
                 run,
                 rebuilt,
+                await self._context_seqs(run),
                 kind="clear",
                 strategy="clear",
                 trigger="soft",
-                tokens_before=tokens_before,
+                tokens_before=before[0],
                 started=started,
             )
-            tracing.compaction_result(
-                span,
-                tokens_before=tokens_before,
-                tokens_after=run.context_tokens,
-                messages_before=messages_before,
-                messages_after=len(run.context),
-                kept=len(run.context),
-                duration=time.monotonic() - started,
-            )
+            self._span_result(span, run, before, started, kept=len(run.context))
         return CompactionOutcome(applied=True, boundary_id=boundary_id)
 
     # ------------------------------------------------------------------ compaction
@@ -245,10 +237,9 @@ class CompactingPipeline:
             if policy.on_compaction_failure == "fail":
                 await self._fail_run(run, "the compaction circuit breaker is open")
             strategy = "window"
-        tracing = run.env.tracing
         started = time.monotonic()
-        tokens_before, messages_before = run.context_tokens, len(run.context)
-        with tracing.compact_span(
+        before = (run.context_tokens, len(run.context))
+        with run.env.tracing.compact_span(
             agent=run.agent.name,
             run_id=run.id,
             session_id=run.env.session_id,
@@ -257,55 +248,64 @@ class CompactingPipeline:
         ) as span:
             details: dict[str, Any] = {"level": level, "degraded": degraded}
             try:
+                seqs = await self._context_seqs(run)
                 rebuilt = await self._rebuild(run, strategy, trigger, level, details)
             except Exception as exc:
-                failure = f"{type(exc).__name__}: {exc}"
-                tracing.compaction_result(
-                    span,
-                    tokens_before=tokens_before,
-                    tokens_after=None,
-                    messages_before=messages_before,
-                    messages_after=None,
-                    kept=None,
-                    duration=time.monotonic() - started,
-                    failure=failure,
-                )
+                error = f"{type(exc).__name__}: {exc}"
+                self._span_result(span, run, before, started, kept=None, failure=error)
                 await self._record_failure(
-                    run, span, strategy, trigger, tokens_before, started, failure, details
+                    run, span, strategy, trigger, before[0], started, error, details
                 )
-                return CompactionOutcome(applied=False, failure=failure)
+                return CompactionOutcome(applied=False, failure=error)
             boundary_id = await self._apply(
                 run,
                 rebuilt,
+                seqs,
                 kind="compaction",
                 strategy=strategy,
                 trigger=trigger,
-                tokens_before=tokens_before,
+                tokens_before=before[0],
                 started=started,
                 details=details,
             )
-            tracing.compaction_result(
-                span,
-                tokens_before=tokens_before,
-                tokens_after=run.context_tokens,
-                messages_before=messages_before,
-                messages_after=len(run.context),
-                kept=rebuilt.kept,
-                duration=time.monotonic() - started,
-                failure="ineffective" if details.get("ineffective") else None,
+            ineffective = bool(details.get("ineffective"))
+            failure = "ineffective: still above the threshold" if ineffective else None
+            self._span_result(span, run, before, started, kept=rebuilt.kept, failure=failure)
+            _log.info(
+                "compacted %s (%s, %s): %d -> %d tokens",
+                run.agent.name,
+                strategy,
+                trigger,
+                before[0],
+                run.context_tokens,
             )
+            if failure is not None:
+                await self._check_breaker(run, span=span, failure=failure)
         await run.save_snapshot(*run.build_prompt(), reason="compaction")
-        _log.info(
-            "compacted %s (%s, %s): %d -> %d tokens",
-            run.agent.name,
-            strategy,
-            trigger,
-            tokens_before,
-            run.context_tokens,
-        )
-        if details.get("ineffective"):
-            await self._check_breaker(run, span=None, failure="ineffective compaction")
         return CompactionOutcome(applied=True, boundary_id=boundary_id)
+
+    def _span_result(
+        self,
+        span: Span,
+        run: AgentRun,
+        before: tuple[int, int],
+        started: float,
+        *,
+        kept: int | None,
+        failure: str | None = None,
+    ) -> None:
+        """Record the outcome on the compact span (``kept=None``: nothing was applied)."""
+        applied = kept is not None
+        run.env.tracing.compaction_result(
+            span,
+            tokens_before=before[0],
+            tokens_after=run.context_tokens if applied else None,
+            messages_before=before[1],
+            messages_after=len(run.context) if applied else None,
+            kept=kept,
+            duration=time.monotonic() - started,
+            failure=failure,
+        )
 
     async def _rebuild(
         self, run: AgentRun, strategy: str, trigger: str, level: int, details: dict[str, Any]
@@ -437,9 +437,8 @@ class CompactingPipeline:
                 try:
                     response = await env.model.request(request)
                 except ModelError as error:
-                    if isinstance(error, PromptTooLongError):
-                        raise
-                    if not env.retry.should_retry(attempt, error):
+                    too_long = isinstance(error, PromptTooLongError)
+                    if too_long or not env.retry.should_retry(attempt, error):
                         raise
                     delay = env.retry.delay(attempt, error)
                 else:
@@ -474,6 +473,7 @@ class CompactingPipeline:
         self,
         run: AgentRun,
         rebuilt: Rebuilt,
+        seqs: list[int | None],
         *,
         kind: str,
         strategy: str,
@@ -484,8 +484,7 @@ class CompactingPipeline:
     ) -> int:
         """Commit ``rebuilt`` as a boundary (spills first), then swap it in."""
         store = run.env.store
-        details = dict(details or {})
-        seqs = await self._context_seqs(run)
+        details = details if details is not None else {}
         new_seqs = [seqs[i] if i is not None else None for i in rebuilt.sources]
         layout = encode_layout(rebuilt.messages, new_seqs, run.next_seq)
         for spill in rebuilt.spills:
