@@ -281,7 +281,7 @@ class CompactingPipeline:
             )
             if failure is not None:
                 await self._check_breaker(run, span=span, failure=failure)
-        await run.save_snapshot(*run.build_prompt(), reason="compaction")
+        await run.rebuild_snapshot("compaction")
         return CompactionOutcome(applied=True, boundary_id=boundary_id)
 
     def _span_result(
