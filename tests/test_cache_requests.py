@@ -37,7 +37,8 @@ async def test_every_request_has_at_most_four_breakpoints_where_stated(tmp_path:
     for request in model.requests:
         assert request.breakpoint_count() == MAX_BREAKPOINTS
         assert [b.cache for b in request.system] == ["5m", "5m"]
-        assert [t.cache for t in request.tools] == [None, "5m"]
+        assert [t.name for t in request.tools] == ["alpha", "probe", "recall"]
+        assert [t.cache for t in request.tools] == [None, None, "5m"]
         assert request.message_breakpoints == ((len(request.messages) - 1, "5m"),)
         wire = request_to_params(request)
         marks = sum(
@@ -85,7 +86,7 @@ async def test_tool_list_is_sorted_and_serialized_deterministically(tmp_path: Pa
             await rt.run(agent(tools=order), "task")
         bodies.append(json.dumps(request_to_params(model.requests[0])))
     assert bodies[0] == bodies[1]
-    assert [t["name"] for t in json.loads(bodies[0])["tools"]] == ["alpha", "probe"]
+    assert [t["name"] for t in json.loads(bodies[0])["tools"]] == ["alpha", "probe", "recall"]
 
 
 async def test_sibling_subagents_share_one_static_prefix(tmp_path: Path) -> None:

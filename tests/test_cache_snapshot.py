@@ -205,6 +205,6 @@ async def test_show_system_prints_the_snapshot(
     assert "snapshot v1 (start" in out
     assert "--- system block 1 (static) ---\nInvestigate with probe, then report." in out
     assert '<agents path="AGENTS.md">' in out and "Current date: 2026-11-30" in out
-    assert "--- tools (1): probe" in out
+    assert "--- tools (2): probe, recall" in out
     assert await cli("show", result.run_id, "--system", "--db", str(db)) == 0
     assert "Investigate with probe" in capsys.readouterr().out

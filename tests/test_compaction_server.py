@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from anabranch import AnthropicModel
+from anabranch import AnthropicModel, Runtime
 from anabranch.testing import MessagesServer, TestModel
 from anabranch.testing.models import is_summary_request
 
@@ -64,6 +64,28 @@ async def test_long_task_recovers_prompt_too_long_through_the_sdk(tmp_path: Path
     # every request that reached the model afterwards fit the server's limit
     summaries = [r for r in srv.log if r.request is not None and is_summary_request(r.request)]
     assert summaries and any(r.status == 200 for r in summaries)
+
+
+async def test_a_summarizer_call_reads_the_runs_prompt_cache(tmp_path: Path) -> None:
+    """Proactive compaction forks the run's prompt, so the summary reads its cache."""
+    from .compaction_helpers import small_agent
+
+    agent = small_agent(window=3000).model_copy(update={"model": "claude-opus-4-8"})
+    async with MessagesServer(TestModel(rounds=12), min_cache_tokens=256) as srv:
+        model = AnthropicModel(base_url=srv.base_url, api_key="test")
+        try:
+            async with Runtime(db=tmp_path / "r.db", model=model) as rt:
+                result = await rt.run(agent, "Research SQLite")
+        finally:
+            await model.aclose()
+    assert result.status == "done"
+    summaries = [r for r in srv.log if r.request is not None and is_summary_request(r.request)]
+    assert summaries and all(r.status == 200 for r in summaries)
+    for record in summaries:
+        assert (
+            record.cache_read_input_tokens
+            > record.input_tokens + record.cache_creation_input_tokens
+        )
 
 
 @pytest.mark.skipif(

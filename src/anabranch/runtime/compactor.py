@@ -394,12 +394,14 @@ class CompactingPipeline:
             room = budget
             for _ in range(3):
                 messages = summary_request(fit_for_summarizer(split.head, room), instructions)
-                request = ModelRequest(
-                    model=model,
-                    system=run.system,
-                    tools=run.tools,
-                    messages=tuple(messages),
-                    max_tokens=max_tokens,
+                request = run.with_breakpoints(
+                    ModelRequest(
+                        model=model,
+                        system=run.system,
+                        tools=run.tools,
+                        messages=tuple(messages),
+                        max_tokens=max_tokens,
+                    )
                 )
                 try:
                     response = await self._call(run, request)
