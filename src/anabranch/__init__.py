@@ -8,6 +8,7 @@ from anabranch.agents import Task as Task
 from anabranch.agents import Tool as Tool
 from anabranch.agents import ToolContext as ToolContext
 from anabranch.agents import tool as tool
+from anabranch.context.compaction import CompactionEvent as CompactionEvent
 from anabranch.context.messages import Message as Message
 from anabranch.context.messages import ModelRequest as ModelRequest
 from anabranch.context.messages import ModelResponse as ModelResponse
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Agent",
     "AnthropicModel",
+    "CompactionEvent",
     "ContextPolicy",
     "Graph",
     "GraphResult",

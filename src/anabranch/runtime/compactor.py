@@ -48,17 +48,16 @@ from anabranch.context.compaction import (
 )
 from anabranch.context.layout import encode_layout, expand_ranges
 from anabranch.context.messages import (
-    Message,
     ModelRequest,
     ModelResponse,
     ToolUseBlock,
     Usage,
-    canonical_json,
     messages_to_json,
 )
 from anabranch.context.tokens import estimate_messages, estimate_request
 from anabranch.errors import CompactionFailedError, ModelError, PromptTooLongError
 from anabranch.runtime.builtins import ToolOutcome
+from anabranch.runtime.loop import _message_json
 from anabranch.store import BoundaryRecord, MessageRecord
 
 if TYPE_CHECKING:
@@ -115,10 +114,6 @@ def breaker_open(boundaries: list[BoundaryRecord]) -> bool:
         if boundary.kind == "breaker":
             return True
     return False
-
-
-def _message_content(message: Message) -> str:
-    return canonical_json(message.model_dump(mode="json")["content"])
 
 
 def summary_max_tokens(threshold: int, agent_max_tokens: int) -> int:
@@ -496,7 +491,7 @@ class CompactingPipeline:
                 run_id=run.id,
                 seq=layout.first_new_seq + offset,
                 role=message.role,
-                content=_message_content(message),
+                content=_message_json(message),
                 kind="context",
                 created=time.time(),
             )

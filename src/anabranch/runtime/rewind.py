@@ -15,6 +15,7 @@ from anabranch.context.layout import close_ranges
 from anabranch.context.messages import Message, messages_from_json
 from anabranch.context.tokens import estimate_messages
 from anabranch.errors import UserError
+from anabranch.runtime.loop import _message_from_record
 from anabranch.store import BoundaryRecord, SQLiteStore
 
 __all__ = ["context_for", "rewind_run"]
@@ -29,10 +30,8 @@ async def context_for(
     messages = list(messages_from_json(prefix))
     for first, last in ranges:
         assert first is not None
-        for record in await store.load_messages(run_id, from_seq=first, to_seq=last):
-            messages.append(
-                Message.model_validate({"role": record.role, "content": json.loads(record.content)})
-            )
+        records = await store.load_messages(run_id, from_seq=first, to_seq=last)
+        messages.extend(_message_from_record(r) for r in records)
     return messages
 
 
