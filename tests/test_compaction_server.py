@@ -88,10 +88,6 @@ async def test_a_summarizer_call_reads_the_runs_prompt_cache(tmp_path: Path) -> 
         )
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("anabranch.runtime.spawn") is None,
-    reason="spawn_agent (sub-agents) is not in this build",
-)
 async def test_sub_agents_compact_at_their_own_windows_through_the_sdk(tmp_path: Path) -> None:
     result, boundaries, srv = await _run_through_server(tmp_path)
     assert result.status == "done"

@@ -193,3 +193,28 @@ async def test_the_history_index_is_built_for_an_existing_v1_database(tmp_path: 
         await store.close()
     assert {(h.source, h.ref) for h in hits} == {("message", "0"), ("spill", "out_1")}
     assert version == [{"value": str(len(MIGRATIONS))}]
+
+
+async def test_a_parent_recalls_the_full_report_of_a_sub_agent(tmp_path: Path) -> None:
+    """spawn_agent cuts long reports and names a handle; recall returns the whole report."""
+    child = Agent(name="child", model="child-model", max_report_tokens=50)
+    parent = Agent(name="parent", model="parent-model", subagents=[child])
+    full_report = "FINDINGS " + "the river floods in spring; " * 60 + "END"
+
+    def model(request: ModelRequest) -> Any:
+        assert pairing_violations(request.messages) == []
+        if request.model == "child-model":
+            return full_report
+        last = request.messages[-1]
+        if len(request.messages) == 1:
+            spawn = {"agent": "child", "task": "Find out when the river floods."}
+            return [ToolUseBlock(id="toolu_spawn", name="spawn_agent", input=spawn)]
+        handle = re.search(r"full report: recall id=(\S+?)\]", last.tool_results[0].content)
+        if len(request.messages) == 3:
+            assert handle, last.tool_results[0].content
+            return [ToolUseBlock(id="toolu_recall", name="recall", input={"id": handle.group(1)})]
+        return last.tool_results[0].content
+
+    async with Runtime(db=tmp_path / "r.db", model=FunctionModel(model)) as rt:
+        result = await rt.run(parent, "When does the river flood?")
+    assert result.output == full_report
