@@ -199,7 +199,7 @@ def test_cli_lists_compactions_and_rewinds(tmp_path: Path) -> None:
     assert f"{ok.tokens_before}→{ok.tokens_after}" in lines[1]
     assert "worker" in lines[1] and "auto" in lines[1] and "summarize" in lines[1]
     assert lines[1].rstrip().endswith("ok")
-    assert "failed: _CompactionError: summarizer failed" in lines[2]
+    assert "failed: summarizer failed: test-model: the summarizer answered" in lines[2]
 
     rewound = anabranch("rewind", session_id, run_id, str(ok.id), "--db", str(db))
     assert rewound.returncode == 0, rewound.stderr

@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from anabranch.context.budget import ClearedResult, clear_tool_results, spill_handle
 from anabranch.context.messages import (
@@ -40,7 +39,6 @@ __all__ = [
     "Rebuilt",
     "Split",
     "SummaryError",
-    "Trigger",
     "choose_split",
     "cleared_context",
     "context_violations",
@@ -57,8 +55,6 @@ __all__ = [
 
 COMPACTION_MARKER = "<compacted_context"
 """The first text block of a compacted context's opening turn starts with this."""
-
-Trigger = Literal["auto", "reactive", "manual", "soft"]
 
 _INPUT_PREVIEW_CHARS = 200
 

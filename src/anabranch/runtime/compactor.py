@@ -246,7 +246,8 @@ class CompactingPipeline:
                 seqs = await self._context_seqs(run)
                 rebuilt = await self._rebuild(run, strategy, trigger, level, details)
             except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
+                own = isinstance(exc, _CompactionError)
+                error = str(exc) if own else f"{type(exc).__name__}: {exc}"
                 self._span_result(span, run, before, started, kept=None, failure=error)
                 await self._record_failure(
                     run, span, strategy, trigger, before[0], started, error, details
