@@ -5,10 +5,11 @@ with a cheaper summarizer) and an analyst (3,000 tokens, ``verbatim``). Every to
 more text than fits, so outputs are spilled and each context is compacted again and again,
 independently of the others; nothing is lost (``recall`` gets any of it back).
 
-Run it offline on the built-in test model (8 tool rounds per task), then inspect:
+Run it offline on the built-in test model (8 tool rounds per task, ``OFFLINE_MODEL``
+below), then inspect:
 
-    python examples/long_task.py --db long_task.db
-    anabranch compactions <ID> --db long_task.db
+    anabranch run examples/long_task.py:supervisor "Audit the archive" --offline --db long.db
+    anabranch compactions <ID> --db long.db        # or: python examples/long_task.py
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from pydantic import Field
 
 from anabranch import Agent, ContextPolicy, Model, RunResult, Runtime, ToolContext, tool
 from anabranch.store import BoundaryRecord
+from anabranch.testing import TestModel
+
+OFFLINE_MODEL = TestModel(rounds=8)
+"""What ``anabranch run examples/long_task.py:supervisor ... --offline`` runs on."""
 
 TASK = "Write a short history of the river survey from the archive, with the open questions."
 
@@ -126,7 +131,6 @@ async def run_long_task(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from anabranch.testing import TestModel
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="long_task.db")

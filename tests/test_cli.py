@@ -165,3 +165,19 @@ def test_relative_and_absolute_paths_both_work(tmp_path: Path) -> None:
         "run", f"{EXAMPLE}:supervisor", "absolute", "--offline", "--db", str(db), cwd=tmp_path
     )
     assert absolute.returncode == 0, absolute.stderr
+
+
+def test_offline_uses_the_files_declared_offline_model(tmp_path: Path) -> None:
+    """examples/long_task.py declares OFFLINE_MODEL = TestModel(rounds=8): it compacts."""
+    db = tmp_path / "long.db"
+    done = anabranch(
+        "run", "examples/long_task.py:supervisor", "Audit the archive", "--offline", "--db", str(db)
+    )
+    assert done.returncode == 0, done.stderr
+    session_id = re.search(r"session (ses_[0-9a-f]+)", done.stderr)
+    assert session_id
+    listed = anabranch("compactions", session_id.group(1), "--db", str(db))
+    assert listed.returncode == 0, listed.stderr
+    rows = [line for line in listed.stdout.splitlines()[1:] if line.strip()]
+    agents = {line.split()[1] for line in rows}
+    assert len(rows) >= 5 and {"archivist", "analyst"} <= agents

@@ -17,7 +17,7 @@ import pydantic
 from anabranch.agents import Agent, Graph
 from anabranch.context.messages import SystemBlock, ToolDefinition
 from anabranch.context.pricing import Cost, PriceTable
-from anabranch.errors import AnabranchError
+from anabranch.errors import AnabranchError, UserError
 from anabranch.runtime.loader import load_object, split_reference
 from anabranch.runtime.model import Model
 from anabranch.runtime.report import RunNode, list_sessions, session_tree, tree_totals
@@ -37,12 +37,26 @@ def _default_db() -> str:
     return os.environ.get("ANABRANCH_DB", DEFAULT_DB)
 
 
-def _model(args: argparse.Namespace) -> Model | None:
-    if getattr(args, "offline", False):
-        from anabranch.testing import TestModel
+OFFLINE_MODEL = "OFFLINE_MODEL"
+"""A module-level name a definition file may bind to the model ``--offline`` should use."""
 
-        return TestModel()
-    return None
+
+def _model(args: argparse.Namespace, source: str | None = None) -> Model | None:
+    """``None`` (the real API) unless ``--offline``: then the file's ``OFFLINE_MODEL`` or a
+    plain ``TestModel``."""
+    if not getattr(args, "offline", False):
+        return None
+    if source:
+        path, _ = split_reference(source)
+        try:
+            declared = load_object(f"{path}:{OFFLINE_MODEL}")
+        except UserError:
+            declared = None
+        if isinstance(declared, Model):
+            return declared
+    from anabranch.testing import TestModel
+
+    return TestModel()
 
 
 def _tokens(n: int) -> str:
@@ -71,7 +85,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     if isinstance(definition, Graph):
         if args.task:
             raise CliError(f"{args.target} is a Graph: its tasks carry their prompts; drop TASK")
-        async with Runtime(db=args.db, model=_model(args)) as rt:
+        async with Runtime(db=args.db, model=_model(args, source)) as rt:
             graph_result = await rt.run_graph(definition, source=source, on_session=announce)
         print(graph_result.output)
         if graph_result.status != "done":
@@ -79,14 +93,24 @@ async def cmd_run(args: argparse.Namespace) -> int:
         return 0
     if not args.task:
         raise CliError(f"{args.target} is an Agent: give it a TASK")
-    async with Runtime(db=args.db, model=_model(args)) as rt:
+    async with Runtime(db=args.db, model=_model(args, source)) as rt:
         result = await rt.run(definition, args.task, source=source, on_session=announce)
     print(result.output)
     return 0
 
 
+async def _session_source(db: str, session_id: str) -> str | None:
+    store = await SQLiteStore.open(db, create=False)
+    try:
+        session = await store.get_session(session_id)
+    finally:
+        await store.close()
+    return session.source if session else None
+
+
 async def cmd_resume(args: argparse.Namespace) -> int:
-    rt = Runtime(db=args.db, model=_model(args))
+    source = await _session_source(args.db, args.session_id) if args.offline else None
+    rt = Runtime(db=args.db, model=_model(args, source))
     await rt.open(create=False)
     try:
         result = await rt.resume(args.session_id)
