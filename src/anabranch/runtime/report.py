@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from anabranch.context.cache import cache_read_ratio
 from anabranch.context.messages import Usage
 from anabranch.context.pricing import Cost, PriceTable
-from anabranch.store import CallRecord, RunRecord, SessionRecord, SQLiteStore
+from anabranch.store import BoundaryRecord, CallRecord, RunRecord, SessionRecord, SQLiteStore
 
 __all__ = [
     "CacheBreakInfo",
@@ -17,6 +19,8 @@ __all__ = [
     "Totals",
     "list_sessions",
     "session_tree",
+    "summarizer_usage",
+    "total_usage",
     "tree_totals",
 ]
 
@@ -79,11 +83,27 @@ class SessionSummary:
     usage: Usage
 
 
-def _usage(calls: list[CallRecord]) -> Usage:
+def summarizer_usage(boundary: BoundaryRecord) -> Usage | None:
+    """Tokens a compaction's summarizer call used (recorded in the boundary), if any."""
+    if not boundary.extra:
+        return None
+    try:
+        usage = json.loads(boundary.extra).get("usage")
+    except (ValueError, AttributeError):
+        return None
+    return Usage.model_validate(usage) if isinstance(usage, dict) else None
+
+
+def total_usage(calls: Sequence[CallRecord], boundaries: Sequence[BoundaryRecord]) -> Usage:
+    """Every paid token: successful agent calls plus compaction summarizer calls."""
     total = Usage()
     for call in calls:
         if call.status == "ok" and call.usage:
             total = total + Usage.model_validate_json(call.usage)
+    for boundary in boundaries:
+        summarizer = summarizer_usage(boundary)
+        if summarizer is not None:
+            total = total + summarizer
     return total
 
 
@@ -104,12 +124,13 @@ async def list_sessions(store: SQLiteStore, limit: int = 50) -> list[SessionSumm
     for session in await store.list_sessions(limit):
         runs = await store.list_runs(session.id)
         calls = await store.session_calls(session.id)
+        boundaries = await store.list_boundaries(session_id=session.id)
         summaries.append(
             SessionSummary(
                 session=session,
                 status=await _status(store, session),
                 agents=len(runs),
-                usage=_usage(calls),
+                usage=total_usage(calls, boundaries),
             )
         )
     return summaries
@@ -156,8 +177,20 @@ async def session_tree(
         elif call.status == "error":
             node.failed_attempts += 1
     for boundary in boundaries:
-        if boundary.run_id in nodes and boundary.kind == "compaction" and boundary.status == "ok":
-            nodes[boundary.run_id].compactions += 1
+        node = nodes.get(boundary.run_id)
+        if node is None:
+            continue
+        if boundary.kind == "compaction" and boundary.status == "ok":
+            node.compactions += 1
+        summarizer = summarizer_usage(boundary)
+        if summarizer is not None:
+            # the summarizer's call is not an agent turn, but its tokens are paid for
+            node.usage = node.usage + summarizer
+            cost = prices.cost(boundary.model or node.run.model, summarizer)
+            if cost is None:
+                node.unpriced_calls += 1
+            else:
+                node.cost = node.cost + cost
     roots: list[RunNode] = []
     for run in runs:
         node = nodes[run.id]

@@ -29,6 +29,7 @@ from anabranch.runtime.loop import AgentRun, Environment, new_id
 from anabranch.runtime.model import Model
 from anabranch.runtime.pipeline import ContextPipeline
 from anabranch.runtime.recall import RecallTool
+from anabranch.runtime.report import total_usage
 from anabranch.runtime.results import GraphResult, RunResult
 from anabranch.runtime.retry import RetryPolicy
 from anabranch.runtime.rewind import rewind_run
@@ -364,9 +365,10 @@ class Runtime:
 
     # ------------------------------------------------------------------ reporting
     async def session_usage(self, session_id: str, run_id: str | None = None) -> Usage:
-        """Summed usage of every successful model call in the session (or one run)."""
-        total = Usage()
-        for call in await self.store.session_calls(session_id):
-            if call.status == "ok" and call.usage and (run_id is None or call.run_id == run_id):
-                total = total + Usage.model_validate_json(call.usage)
-        return total
+        """Tokens paid in the session (or one run): agent calls plus summarizer calls."""
+        calls = await self.store.session_calls(session_id)
+        boundaries = await self.store.list_boundaries(session_id=session_id)
+        if run_id is not None:
+            calls = [c for c in calls if c.run_id == run_id]
+            boundaries = [b for b in boundaries if b.run_id == run_id]
+        return total_usage(calls, boundaries)
