@@ -23,6 +23,7 @@ from anabranch.runtime.model import Model
 from anabranch.runtime.report import RunNode, list_sessions, session_tree, tree_totals
 from anabranch.runtime.runtime import DEFAULT_DB, Runtime
 from anabranch.store import RunRecord, SessionRecord, SQLiteStore
+from anabranch.traces.configure import add_trace_arguments, configure_from_args
 
 __all__ = ["main"]
 
@@ -85,7 +86,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
     if isinstance(definition, Graph):
         if args.task:
             raise CliError(f"{args.target} is a Graph: its tasks carry their prompts; drop TASK")
-        async with Runtime(db=args.db, model=_model(args, source)) as rt:
+        async with Runtime(
+            db=args.db, model=_model(args, source), tracer_provider=args.tracer_provider
+        ) as rt:
             graph_result = await rt.run_graph(definition, source=source, on_session=announce)
         print(graph_result.output)
         if graph_result.status != "done":
@@ -93,7 +96,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
         return 0
     if not args.task:
         raise CliError(f"{args.target} is an Agent: give it a TASK")
-    async with Runtime(db=args.db, model=_model(args, source)) as rt:
+    async with Runtime(
+        db=args.db, model=_model(args, source), tracer_provider=args.tracer_provider
+    ) as rt:
         result = await rt.run(definition, args.task, source=source, on_session=announce)
     print(result.output)
     return 0
@@ -110,7 +115,7 @@ async def _session_source(db: str, session_id: str) -> str | None:
 
 async def cmd_resume(args: argparse.Namespace) -> int:
     source = await _session_source(args.db, args.session_id) if args.offline else None
-    rt = Runtime(db=args.db, model=_model(args, source))
+    rt = Runtime(db=args.db, model=_model(args, source), tracer_provider=args.tracer_provider)
     await rt.open(create=False)
     try:
         result = await rt.resume(args.session_id)
@@ -298,7 +303,11 @@ def add_command(
     return sub
 
 
-EXTENSIONS: list[str] = ["anabranch.testing.cli", "anabranch.cli_compaction"]
+EXTENSIONS: list[str] = [
+    "anabranch.testing.cli",
+    "anabranch.cli_compaction",
+    "anabranch.ui.command",
+]
 """Modules with a ``register(commands)`` function that add their own sub-commands."""
 
 
@@ -314,10 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("target", metavar="FILE:OBJ", help="Python file and the Agent or Graph in it")
     run.add_argument("task", nargs="?", help="The task text (an Agent needs one; a Graph none)")
     run.add_argument("--offline", action="store_true", help="Use the built-in TestModel")
+    add_trace_arguments(run)
 
     resume = add_command(commands, "resume", cmd_resume, "Continue a session by its id.")
     resume.add_argument("session_id", metavar="ID")
     resume.add_argument("--offline", action="store_true", help="Use the built-in TestModel")
+    add_trace_arguments(resume)
 
     sessions = add_command(commands, "sessions", cmd_sessions, "List sessions, newest first.")
     sessions.add_argument("--limit", type=int, default=50)
@@ -345,7 +356,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
+    tracing = None
     try:
+        tracing = configure_from_args(args)
+        args.tracer_provider = tracing.provider if tracing else None
         return anyio.run(handler, args)
     except KeyboardInterrupt:
         print("anabranch: interrupted; resume with: anabranch resume <ID>", file=sys.stderr)
@@ -354,6 +368,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(exc).split())
         print(f"anabranch: error: {message}", file=sys.stderr)
         return 1
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
+            for link in tracing.trace_links():
+                print(f"trace: {link}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ from anabranch.store import (
     SQLiteStore,
     ToolEventRecord,
 )
-from anabranch.traces import Tracing
+from anabranch.traces import SpanRef, Tracing
 
 __all__ = ["AgentRun", "Environment", "new_id"]
 
@@ -333,13 +333,19 @@ class AgentRun:
         """
         tracing = self.env.tracing
         task = self.context[0].text if self.context else ""
+        store = self.env.store
+        earlier = [SpanRef(t, s) for t, s in await store.run_spans(self.id)]
         with tracing.agent_run(
             agent=self.agent.name,
             run_id=self.id,
             session_id=self.env.session_id,
             model=self.agent.model,
             task=task,
+            resumed_from=earlier,
         ) as span:
+            ref = tracing.span_ref(span)
+            if ref is not None:  # so a resumed run's span can link back to this one
+                await store.add_run_span(self.env.session_id, self.id, ref.trace_id, ref.span_id)
             with anyio.fail_after(self.agent.timeout):
                 output = await self._loop()
             tracing.agent_output(span, output)
@@ -399,10 +405,12 @@ class AgentRun:
                 attempt=attempt,
                 compacted=self.compactions > 0,
                 messages=request.messages,
+                system=request.system,
             ) as span:
                 try:
                     response = await env.model.request(request)
                 except ModelError as error:
+                    env.tracing.model_error(span, error)
                     await env.store.finish_call(
                         call_id, status="error", error_type=type(error).__name__, error=str(error)
                     )

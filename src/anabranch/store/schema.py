@@ -226,10 +226,27 @@ def _v3_history_search(db: sqlite_utils.Database) -> None:
     )
 
 
+def _v4_run_spans(db: sqlite_utils.Database) -> None:
+    """Trace and span ids of each drive of a run, so a resumed run links to its earlier spans."""
+    db.table("run_spans").create(
+        {
+            "id": int,
+            "session_id": str,
+            "run_id": str,
+            "trace_id": str,
+            "span_id": str,
+            "created": float,
+        },
+        pk="id",
+    )
+    db.table("run_spans").create_index(["run_id"])
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1,
     _v2_call_prefix,
     _v3_history_search,
+    _v4_run_spans,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -728,6 +728,27 @@ class SQLiteStore:
             )
         )
 
+    # ----------------------------------------------------------------- trace spans
+    async def add_run_span(self, session_id: str, run_id: str, trace_id: str, span_id: str) -> None:
+        """Remember the (hex) trace and span id of one drive of a run."""
+        values = {
+            "session_id": session_id,
+            "run_id": run_id,
+            "trace_id": trace_id,
+            "span_id": span_id,
+            "created": time.time(),
+        }
+        await self._write(lambda conn: self._insert(conn, "run_spans", values))
+
+    async def run_spans(self, run_id: str) -> list[tuple[str, str]]:
+        """``(trace_id, span_id)`` of every earlier drive of a run, oldest first."""
+        rows = await self._read(
+            lambda conn: conn.execute(
+                "SELECT trace_id, span_id FROM run_spans WHERE run_id = ? ORDER BY id", (run_id,)
+            ).fetchall()
+        )
+        return [(str(t), str(s)) for t, s in rows]
+
     # ----------------------------------------------------------------- generic read
     async def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         """Read-only SQL for reports and tools (``SELECT`` only)."""

@@ -1,5 +1,10 @@
-"""Tracing: the only package that knows span names and attribute keys (OTel API only)."""
+"""Tracing: the only package that knows span names and attribute keys (OTel API only).
 
+``configure`` (in ``anabranch.traces.configure``) sets up the OpenTelemetry SDK and
+exporters for applications and the CLI; the library itself needs only the API.
+"""
+
+from anabranch.traces.spans import SpanRef as SpanRef
 from anabranch.traces.spans import Tracing as Tracing
 
-__all__ = ["Tracing"]
+__all__ = ["SpanRef", "Tracing"]

@@ -2,6 +2,11 @@
 
 Only the OpenTelemetry API is used: without an SDK every span is a no-op. Telemetry never
 raises into a run: attribute and event helpers swallow their own errors.
+
+Attributes follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``) and, so that
+Arize Phoenix shows span kinds, sessions and token counts without guessing, the core
+OpenInference keys (``openinference.span.kind``, ``session.id``, ``llm.token_count.*``,
+``input.value``/``output.value``). Message content is recorded only when opted in.
 """
 
 from __future__ import annotations
@@ -9,25 +14,46 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from anabranch.context.messages import Message, Usage
+from anabranch.context.messages import (
+    Message,
+    SystemBlock,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
 
-__all__ = ["Tracing", "content_capture_from_env"]
+__all__ = ["SpanRef", "Tracing", "content_capture_from_env"]
 
 _log = logging.getLogger(__name__)
 PROVIDER = "anthropic"
+CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_CONTENT_ON = {"true", "1", "yes", "span_only", "span_and_event"}
 
 
 def content_capture_from_env() -> bool:
-    """Message content in spans is opt-in via OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT."""
-    value = os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "")
-    return value.strip().lower() in {"true", "1", "span_only", "span_and_event"}
+    """Message content in spans is opt-in via OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT.
+
+    ``true``/``1``, ``SPAN_ONLY`` and ``SPAN_AND_EVENT`` turn it on; anything else (including
+    the default ``NO_CONTENT``) keeps it off.
+    """
+    return os.environ.get(CONTENT_ENV, "").strip().lower() in _CONTENT_ON
+
+
+@dataclass(frozen=True)
+class SpanRef:
+    """The ids of one span as lowercase hex, as stored and as shown by trace UIs."""
+
+    trace_id: str
+    span_id: str
 
 
 def _safe_set(span: Span, attributes: Mapping[str, Any]) -> None:
@@ -37,8 +63,55 @@ def _safe_set(span: Span, attributes: Mapping[str, Any]) -> None:
         _log.debug("could not set span attributes", exc_info=True)
 
 
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _links(refs: Sequence[SpanRef]) -> list[Link]:
+    links = []
+    for ref in refs:
+        try:
+            context = SpanContext(
+                trace_id=int(ref.trace_id, 16),
+                span_id=int(ref.span_id, 16),
+                is_remote=True,
+                trace_flags=TraceFlags(TraceFlags.SAMPLED),
+            )
+        except ValueError:
+            continue
+        if context.is_valid:
+            links.append(Link(context, {"anabranch.link.type": "resumed_from"}))
+    return links
+
+
+def _parts(message: Message) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            parts.append({"type": "text", "content": block.text})
+        elif isinstance(block, ToolUseBlock):
+            parts.append(
+                {"type": "tool_call", "id": block.id, "name": block.name, "arguments": block.input}
+            )
+        elif isinstance(block, ToolResultBlock):
+            parts.append(
+                {"type": "tool_call_response", "id": block.tool_use_id, "response": block.content}
+            )
+    return parts
+
+
+def _semconv_messages(messages: Sequence[Message]) -> str:
+    return _json([{"role": m.role, "parts": _parts(m)} for m in messages])
+
+
 class Tracing:
-    """Creates anabranch's spans on a tracer (default: the global provider's)."""
+    """Creates anabranch's spans on a tracer (default: the global provider's).
+
+    Args:
+        tracer_provider: where spans go; default the global provider (a no-op without SDK).
+        capture_content: record prompts, outputs, tool arguments and results; default off,
+            or on when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` says so.
+    """
 
     def __init__(
         self,
@@ -53,18 +126,77 @@ class Tracing:
         )
 
     @contextmanager
-    def _span(self, name: str, kind: SpanKind, attributes: Mapping[str, Any]) -> Iterator[Span]:
-        with self._tracer.start_as_current_span(
-            name, kind=kind, record_exception=True, set_status_on_exception=True
-        ) as span:
+    def _span(
+        self,
+        name: str,
+        kind: SpanKind,
+        attributes: Mapping[str, Any],
+        links: Sequence[Link] = (),
+    ) -> Iterator[Span]:
+        """A current span; if the SDK or a span processor fails, the run goes on without it."""
+        try:
+            manager = self._tracer.start_as_current_span(
+                name,
+                kind=kind,
+                links=list(links) or None,
+                record_exception=True,
+                set_status_on_exception=True,
+            )
+            span = manager.__enter__()
+        except Exception:
+            _log.debug("could not start span %s", name, exc_info=True)
+            yield trace.INVALID_SPAN
+            return
+        try:
             _safe_set(span, attributes)
             yield span
+        except BaseException as exc:
+            try:
+                suppressed = manager.__exit__(type(exc), exc, exc.__traceback__)
+            except BaseException as raised:
+                if raised is exc:
+                    raise
+                _log.debug("could not end span %s", name, exc_info=True)
+                suppressed = False
+            if not suppressed:
+                raise
+        else:
+            try:
+                manager.__exit__(None, None, None)
+            except Exception:
+                _log.debug("could not end span %s", name, exc_info=True)
 
+    @staticmethod
+    def span_ref(span: Span) -> SpanRef | None:
+        """The span's ids, or None when nothing is recorded (no SDK, not sampled)."""
+        try:
+            context = span.get_span_context()
+            if not context.is_valid or not span.is_recording():
+                return None
+            return SpanRef(
+                trace.format_trace_id(context.trace_id), trace.format_span_id(context.span_id)
+            )
+        except Exception:  # pragma: no cover
+            return None
+
+    # ------------------------------------------------------------------ agents
     @contextmanager
     def agent_run(
-        self, *, agent: str, run_id: str, session_id: str, model: str, task: str
+        self,
+        *,
+        agent: str,
+        run_id: str,
+        session_id: str,
+        model: str,
+        task: str,
+        resumed_from: Sequence[SpanRef] = (),
     ) -> Iterator[Span]:
-        attributes = {
+        """``invoke_agent {agent}``: one drive of one agent run.
+
+        ``resumed_from`` are the spans of earlier drives of the same run (the run was
+        resumed); the new span links to them, so a resumed session's trace points back.
+        """
+        attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.provider.name": PROVIDER,
             "gen_ai.agent.name": agent,
@@ -75,10 +207,14 @@ class Tracing:
             "session.id": session_id,
             "agent.name": agent,
         }
+        if resumed_from:
+            attributes["anabranch.resumed"] = True
         if self.capture_content:
             attributes["input.value"] = task
             attributes["input.mime_type"] = "text/plain"
-        with self._span(f"invoke_agent {agent}", SpanKind.INTERNAL, attributes) as span:
+        with self._span(
+            f"invoke_agent {agent}", SpanKind.INTERNAL, attributes, _links(resumed_from)
+        ) as span:
             yield span
 
     @contextmanager
@@ -104,6 +240,7 @@ class Tracing:
             attributes.update(_usage_attributes(usage))
         _safe_set(span, attributes)
 
+    # ------------------------------------------------------------------ model calls
     @contextmanager
     def model_call(
         self,
@@ -114,7 +251,14 @@ class Tracing:
         attempt: int,
         compacted: bool,
         messages: tuple[Message, ...] | None = None,
+        system: Sequence[SystemBlock] | None = None,
+        purpose: str | None = None,
     ) -> Iterator[Span]:
+        """``chat {model}``: the one inference span of one model call attempt.
+
+        The anthropic SDK's own spans are turned off (see ``AnthropicModel``), so this is the
+        only inference span. ``purpose`` marks calls that are not agent turns (``compaction``).
+        """
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": PROVIDER,
@@ -127,14 +271,18 @@ class Tracing:
             "llm.provider": PROVIDER,
             "llm.system": PROVIDER,
             "anabranch.attempt": attempt,
+            "anabranch.call.purpose": purpose,
         }
         if compacted:
             attributes["gen_ai.conversation.compacted"] = True
         if self.capture_content and messages is not None:
-            attributes["input.value"] = json.dumps(
-                [m.model_dump(mode="json") for m in messages], ensure_ascii=False
-            )
+            attributes["gen_ai.input.messages"] = _semconv_messages(messages)
+            attributes["input.value"] = _json([m.model_dump(mode="json") for m in messages])
             attributes["input.mime_type"] = "application/json"
+            if system:
+                attributes["gen_ai.system_instructions"] = _json(
+                    [{"type": "text", "content": b.text} for b in system]
+                )
         with self._span(f"chat {model}", SpanKind.CLIENT, attributes) as span:
             yield span
 
@@ -155,10 +303,28 @@ class Tracing:
             **_usage_attributes(usage),
         }
         if self.capture_content and output is not None:
-            attributes["output.value"] = json.dumps(output.model_dump(mode="json"))
+            attributes["gen_ai.output.messages"] = _json(
+                [
+                    {
+                        "role": output.role,
+                        "parts": _parts(output),
+                        "finish_reason": stop_reason or "unknown",
+                    }
+                ]
+            )
+            attributes["output.value"] = _json(output.model_dump(mode="json"))
             attributes["output.mime_type"] = "application/json"
         _safe_set(span, attributes)
 
+    def model_error(self, span: Span, error: BaseException) -> None:
+        """Mark an inference span as failed (a retried attempt ends without raising)."""
+        _safe_set(span, {"error.type": type(error).__name__})
+        try:
+            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+        except Exception:  # pragma: no cover
+            _log.debug("could not set span status", exc_info=True)
+
+    # ------------------------------------------------------------------ tools
     @contextmanager
     def tool_call(
         self,
@@ -169,6 +335,7 @@ class Tracing:
         description: str = "",
         arguments: dict[str, Any] | None = None,
     ) -> Iterator[Span]:
+        """``execute_tool {tool}``; a spawned agent's ``invoke_agent`` span nests under it."""
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": tool,
@@ -182,7 +349,8 @@ class Tracing:
             "tool.id": call_id,
         }
         if self.capture_content and arguments is not None:
-            attributes["input.value"] = json.dumps(arguments, ensure_ascii=False)
+            attributes["gen_ai.tool.call.arguments"] = _json(arguments)
+            attributes["input.value"] = _json(arguments)
             attributes["input.mime_type"] = "application/json"
         with self._span(f"execute_tool {tool}", SpanKind.INTERNAL, attributes) as span:
             yield span
@@ -191,8 +359,12 @@ class Tracing:
         attributes: dict[str, Any] = {"anabranch.tool.is_error": is_error}
         if is_error:
             attributes["error.type"] = "tool_error"
-            span.set_status(Status(StatusCode.ERROR))
+            try:
+                span.set_status(Status(StatusCode.ERROR))
+            except Exception:  # pragma: no cover
+                _log.debug("could not set span status", exc_info=True)
         if self.capture_content:
+            attributes["gen_ai.tool.call.result"] = content
             attributes["output.value"] = content
             attributes["output.mime_type"] = "text/plain"
         _safe_set(span, attributes)
@@ -274,6 +446,7 @@ class Tracing:
             except Exception:  # pragma: no cover
                 _log.debug("could not set span status", exc_info=True)
 
+    # ------------------------------------------------------------------ misc
     def event(self, span: Span, name: str, attributes: Mapping[str, Any]) -> None:
         try:
             span.add_event(name, {k: v for k, v in attributes.items() if v is not None})
@@ -282,6 +455,11 @@ class Tracing:
 
 
 def _usage_attributes(usage: Usage) -> dict[str, Any]:
+    """GenAI usage (input = uncached + cache read + cache write) and the OpenInference counts.
+
+    The cache-write count goes under its current name (``cache_write``) and its former one
+    (``cache_creation``), which Phoenix still reads.
+    """
     total_input = usage.total_input_tokens
     return {
         "gen_ai.usage.input_tokens": total_input,

@@ -1,0 +1,340 @@
+"""Span tree, attributes and parentage of offline runs, checked with the in-memory exporter."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_trace_id
+
+from anabranch import Agent, AnthropicModel, ModelRequest, RetryPolicy, Runtime, ToolContext, tool
+from anabranch.context.messages import ModelResponse, TextBlock, ToolUseBlock, Usage
+from anabranch.errors import ModelConnectionError, ModelError
+from anabranch.testing import FunctionModel, TestModel
+
+pytestmark = pytest.mark.anyio
+
+TASK_SECRET = "task-text-7f3a"
+TOOL_SECRET = "tool-output-91bc"
+
+
+@tool
+async def lookup(topic: str, ctx: ToolContext) -> str:
+    """Look a topic up."""
+    return f"{TOOL_SECRET} about {topic}"
+
+
+@tool
+def measure(text: str) -> int:
+    """Count words."""
+    return len(text.split())
+
+
+worker = Agent(
+    name="worker",
+    model="claude-sonnet-4-5",
+    instructions="Research and report.",
+    tools=[lookup, measure],
+)
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    memory = InMemorySpanExporter()
+    yield memory
+    memory.clear()
+
+
+@pytest.fixture
+def provider(exporter: InMemorySpanExporter) -> TracerProvider:
+    tracer_provider = TracerProvider(shutdown_on_exit=False)
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return tracer_provider
+
+
+def _hex(span: ReadableSpan) -> str:
+    assert span.context is not None
+    return format_span_id(span.context.span_id)
+
+
+def _trace(span: ReadableSpan) -> str:
+    assert span.context is not None
+    return format_trace_id(span.context.trace_id)
+
+
+def _parent(span: ReadableSpan) -> str | None:
+    return format_span_id(span.parent.span_id) if span.parent is not None else None
+
+
+def _all_text(spans: tuple[ReadableSpan, ...]) -> str:
+    """Every attribute, event and link of every span, as one string."""
+    parts: list[Any] = []
+    for span in spans:
+        parts.append(span.name)
+        parts.extend(f"{k}={v}" for k, v in (span.attributes or {}).items())
+        for event in span.events:
+            parts.append(event.name)
+            parts.extend(f"{k}={v}" for k, v in (event.attributes or {}).items())
+        parts.append(span.status.description or "")
+    return "\n".join(str(p) for p in parts)
+
+
+async def _run(
+    tmp_path: Path, provider: TracerProvider, model: Any = None, **options: Any
+) -> tuple[str, Runtime]:
+    rt = Runtime(
+        db=tmp_path / "t.db",
+        model=model or TestModel(rounds=2),
+        tracer_provider=provider,
+        **options,
+    )
+    await rt.open()
+    result = await rt.run(worker, f"Study tracing {TASK_SECRET}")
+    return result.session_id, rt
+
+
+async def test_span_tree_shape_and_parentage(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    session_id, rt = await _run(tmp_path, provider)
+    try:
+        calls = await rt.store.query(
+            "SELECT c.id FROM calls c JOIN runs r ON r.id = c.run_id WHERE r.session_id = ?",
+            (session_id,),
+        )
+        tool_calls = await rt.store.query(
+            "SELECT call_id, name FROM tool_events WHERE event = 'finished'"
+        )
+        runs = await rt.store.list_runs(session_id)
+    finally:
+        await rt.aclose()
+    spans = exporter.get_finished_spans()
+    agents = [s for s in spans if s.name == "invoke_agent worker"]
+    chats = [s for s in spans if s.name == "chat claude-sonnet-4-5"]
+    tools = [s for s in spans if s.name.startswith("execute_tool ")]
+    assert len(agents) == 1 and len(runs) == 1
+    root = agents[0]
+    assert root.parent is None
+    # exactly one inference span per model call (the SDK's own spans are off)
+    assert len(chats) == len(calls) == 3
+    assert len(spans) == 1 + len(chats) + len(tools)
+    assert {_trace(s) for s in spans} == {_trace(root)}  # one trace per session
+    assert all(_parent(s) == _hex(root) for s in chats + tools)
+    assert sorted((s.attributes or {})["gen_ai.tool.call.id"] for s in tools) == sorted(
+        t["call_id"] for t in tool_calls
+    )
+    assert sorted(s.name for s in tools) == sorted(f"execute_tool {t['name']}" for t in tool_calls)
+    assert root.kind is SpanKind.INTERNAL and all(s.kind is SpanKind.CLIENT for s in chats)
+
+    attrs = root.attributes or {}
+    assert attrs["gen_ai.operation.name"] == "invoke_agent"
+    assert attrs["openinference.span.kind"] == "AGENT"
+    assert attrs["gen_ai.agent.name"] == "worker"
+    assert attrs["gen_ai.agent.id"] == runs[0].id
+    assert attrs["gen_ai.conversation.id"] == attrs["session.id"] == session_id
+    assert attrs["gen_ai.provider.name"] == "anthropic"
+    for chat in chats:
+        c = chat.attributes or {}
+        assert c["gen_ai.operation.name"] == "chat"
+        assert c["openinference.span.kind"] == "LLM"
+        assert c["gen_ai.request.model"] == "claude-sonnet-4-5"
+        assert c["session.id"] == session_id
+        assert "gen_ai.conversation.compacted" not in c  # nothing was compacted
+    for span in tools:
+        t = span.attributes or {}
+        assert t["openinference.span.kind"] == "TOOL"
+        assert t["gen_ai.operation.name"] == "execute_tool"
+        assert t["gen_ai.tool.name"] == span.name.removeprefix("execute_tool ")
+
+
+async def test_usage_attributes_add_cache_tokens(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    usage = Usage(
+        input_tokens=11,
+        output_tokens=7,
+        cache_read_input_tokens=500,
+        cache_creation_input_tokens=40,
+    )
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        return ModelResponse(
+            id="msg_1",
+            model="claude-sonnet-4-5-20990101",
+            content=(TextBlock(text="done"),),
+            stop_reason="end_turn",
+            usage=usage,
+        )
+
+    _, rt = await _run(tmp_path, provider, FunctionModel(answer))
+    await rt.aclose()
+    (chat,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    a = chat.attributes or {}
+    assert a["gen_ai.usage.input_tokens"] == 11 + 500 + 40
+    assert a["gen_ai.usage.output_tokens"] == 7
+    assert a["gen_ai.usage.cache_read.input_tokens"] == 500
+    assert a["gen_ai.usage.cache_write.input_tokens"] == 40
+    assert a["gen_ai.usage.cache_creation.input_tokens"] == 40  # former name, read by Phoenix
+    assert a["llm.token_count.prompt"] == 551
+    assert a["llm.token_count.completion"] == 7
+    assert a["llm.token_count.total"] == 558
+    assert a["llm.token_count.prompt_details.cache_read"] == 500
+    assert a["llm.token_count.prompt_details.cache_write"] == 40
+    assert a["gen_ai.response.model"] == "claude-sonnet-4-5-20990101"
+    assert a["gen_ai.response.finish_reasons"] == ("end_turn",)
+
+
+async def test_message_content_is_off_by_default(
+    tmp_path: Path,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", raising=False)
+    _, rt = await _run(tmp_path, provider)
+    await rt.aclose()
+    spans = exporter.get_finished_spans()
+    text = _all_text(spans)
+    assert TASK_SECRET not in text
+    assert TOOL_SECRET not in text
+    for span in spans:
+        keys = set(span.attributes or {})
+        assert not keys & {"input.value", "output.value", "gen_ai.input.messages"}, span.name
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+async def test_message_content_opt_in(
+    tmp_path: Path,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+) -> None:
+    options: dict[str, Any] = {}
+    if how == "option":
+        options["capture_content"] = True
+    else:
+        monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
+    _, rt = await _run(tmp_path, provider, **options)
+    await rt.aclose()
+    spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.name.startswith("invoke_agent")]
+    assert TASK_SECRET in str((root.attributes or {})["input.value"])
+    chats = [s for s in spans if s.name.startswith("chat ")]
+    first = json.loads(str((chats[0].attributes or {})["gen_ai.input.messages"]))
+    assert first[0]["role"] == "user"
+    assert TASK_SECRET in first[0]["parts"][0]["content"]
+    lookups = [s for s in spans if s.name == "execute_tool lookup"]
+    assert lookups and all(
+        TOOL_SECRET in str((s.attributes or {})["output.value"]) for s in lookups
+    )
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_api_key_never_reaches_spans(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    key = "sk-ant-api03-SENTINEL-do-not-leak"
+    model = AnthropicModel(api_key=key, base_url=f"http://127.0.0.1:{_closed_port()}", timeout=5)
+    rt = Runtime(
+        db=tmp_path / "t.db",
+        model=model,
+        tracer_provider=provider,
+        capture_content=True,  # even with everything recorded
+        retry=RetryPolicy(max_attempts=2, base_delay=0),
+    )
+    current = worker.model_copy(update={"model": "claude-opus-4-8"})  # not deprecated
+    async with rt:
+        with pytest.raises(ModelConnectionError):
+            await rt.run(current, "anything")
+    spans = exporter.get_finished_spans()
+    chats = [s for s in spans if s.name.startswith("chat ")]
+    assert len(chats) == 2  # one span per attempt, each failed
+    assert all(s.status.status_code is StatusCode.ERROR for s in chats)
+    assert any(e.name == "exception" for s in chats for e in s.events)
+    text = _all_text(spans)
+    assert key not in text and "SENTINEL" not in text
+
+
+class _Broken(SpanExporter):
+    def export(self, spans: Any) -> SpanExportResult:
+        raise RuntimeError("collector exploded")
+
+
+class _BrokenProcessor(SimpleSpanProcessor):
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        raise RuntimeError("processor exploded on start")
+
+    def on_end(self, span: Any) -> None:
+        raise RuntimeError("processor exploded on end")
+
+
+async def test_broken_exporter_or_processor_does_not_affect_the_run(tmp_path: Path) -> None:
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(_Broken()))
+    provider.add_span_processor(_BrokenProcessor(_Broken()))
+    plain_rt = Runtime(db=tmp_path / "plain.db", model=TestModel(rounds=2))
+    async with plain_rt:
+        expected = (await plain_rt.run(worker, "same task")).output
+    rt = Runtime(db=tmp_path / "t.db", model=TestModel(rounds=2), tracer_provider=provider)
+    async with rt:
+        result = await rt.run(worker, "same task")
+        assert result.status == "done"
+        assert result.output == expected
+        assert (await rt.store.get_session(result.session_id)).status == "done"  # type: ignore[union-attr]
+
+
+async def test_resumed_session_links_to_the_earlier_trace(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    answers = iter(["fail", "ok"])
+
+    def flaky(request: ModelRequest) -> Any:
+        if next(answers, "ok") == "fail":
+            raise ModelConnectionError("network down")
+        return (
+            [ToolUseBlock(id="toolu_1", name="measure", input={"text": "a b c"})]
+            if len(request.messages) == 1
+            else "final"
+        )
+
+    rt = Runtime(
+        db=tmp_path / "t.db",
+        model=FunctionModel(flaky),
+        tracer_provider=provider,
+        retry=RetryPolicy(max_attempts=1),
+    )
+    async with rt:
+        with pytest.raises(ModelError) as failure:
+            await rt.run(worker, "task")
+        session_id = failure.value.session_id
+        assert session_id is not None
+        first = exporter.get_finished_spans()
+        result = await rt.resume(session_id)
+    assert result.status == "done" and result.output == "final"
+    second = exporter.get_finished_spans()[len(first) :]
+    (old_root,) = [s for s in first if s.parent is None]
+    (new_root,) = [s for s in second if s.parent is None]
+    assert _trace(new_root) != _trace(old_root)
+    assert {_trace(s) for s in second} == {_trace(new_root)}
+    assert (new_root.attributes or {})["session.id"] == session_id
+    assert (new_root.attributes or {})["gen_ai.conversation.id"] == session_id
+    assert (new_root.attributes or {})["anabranch.resumed"] is True
+    assert "anabranch.resumed" not in (old_root.attributes or {})
+    linked = [
+        (format_trace_id(k.context.trace_id), format_span_id(k.context.span_id))
+        for k in new_root.links
+    ]
+    assert linked == [(_trace(old_root), _hex(old_root))]
