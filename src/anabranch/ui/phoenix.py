@@ -95,10 +95,13 @@ def state_path() -> Path:
 
 def phoenix_available() -> bool:
     """Whether the ``ui`` extra (Arize Phoenix) is installed in this environment."""
-    try:
-        return importlib.util.find_spec("phoenix.server.main") is not None
+    try:  # look, don't import: importing phoenix takes seconds
+        spec = importlib.util.find_spec("phoenix")
     except (ImportError, ValueError):
         return False
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any((Path(p) / "server" / "main.py").exists() for p in spec.submodule_search_locations)
 
 
 def _port_free(port: int) -> bool:

@@ -1,0 +1,263 @@
+"""End to end with the real UI: Phoenix started offline, a session exported to it by the CLI,
+spans checked through Phoenix's REST API, the trace page rendered by headless Chromium.
+
+Needs the ``ui`` extra (Arize Phoenix); the browser part needs Debian's ``chromium``.
+The screenshot is written to ``artifacts/phoenix-trace.png`` (a CI artifact).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import io
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anabranch.cli import main
+from anabranch.ui import phoenix
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts"
+EXAMPLE = f"{ROOT / 'examples' / 'research.py'}:supervisor"
+TASK = "Compare SQLite and DuckDB for analytics"
+PROJECT = "anabranch-e2e"
+
+
+@pytest.fixture(scope="module")
+def phoenix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[phoenix.PhoenixInfo]:
+    if not phoenix.phoenix_available():
+        pytest.skip("Arize Phoenix is not installed: pip install -e '.[dev,ui]' to run this test")
+    work = tmp_path_factory.mktemp("phoenix")
+    http_port = phoenix.free_port()
+    server = phoenix.PhoenixServer.start(
+        work, port=http_port, grpc_port=phoenix.free_port(avoid=(http_port,))
+    )
+    try:
+        yield server.wait_ready(timeout=180)
+    finally:
+        server.stop()
+
+
+def _get(info: phoenix.PhoenixInfo, path: str, **query: str) -> Any:
+    url = f"{info.url}{path}"
+    if query:
+        url += "?" + urllib.parse.urlencode(query)
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+@dataclass(frozen=True)
+class TracedSession:
+    session_id: str
+    trace_id: str
+    trace_link: str
+    exported: dict[str, dict[str, Any]]
+    """Span id -> span, from the OTLP-JSON lines file written alongside."""
+    stored: dict[str, dict[str, Any]]
+    """Span id -> span, as Phoenix's REST API returns it."""
+
+
+@pytest.fixture(scope="module")
+def traced_session(
+    phoenix_server: phoenix.PhoenixInfo, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TracedSession]:
+    tmp = tmp_path_factory.mktemp("session")
+    saved = {k: os.environ.get(k) for k in ("XDG_DATA_HOME", "PHOENIX_PROJECT_NAME")}
+    os.environ["XDG_DATA_HOME"] = str(tmp / "data")
+    os.environ["PHOENIX_PROJECT_NAME"] = PROJECT
+    os.environ.pop("PHOENIX_COLLECTOR_ENDPOINT", None)
+    # `--trace phoenix` finds the server through the state file `anabranch ui` writes.
+    phoenix.write_state(phoenix_server)
+    span_file = tmp / "spans.jsonl"
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(
+                [
+                    "run",
+                    EXAMPLE,
+                    TASK,
+                    "--offline",
+                    "--db",
+                    str(tmp / "runs.db"),
+                    "--trace",
+                    "phoenix",
+                    "--trace-file",
+                    str(span_file),
+                ]
+            )
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    assert code == 0, err.getvalue()
+    session_id = re.search(r"session (ses_\w+)", err.getvalue()).group(1)  # type: ignore[union-attr]
+    link = re.search(r"trace: (\S+)", err.getvalue()).group(1)  # type: ignore[union-attr]
+    exported = {}
+    for line in span_file.read_text().splitlines():
+        span = json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+        exported[span["spanId"]] = span
+    (trace_id,) = {s["traceId"] for s in exported.values()}
+
+    stored: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # ingestion is asynchronous
+        try:
+            page = _get(
+                phoenix_server, f"/v1/projects/{PROJECT}/spans", trace_id=trace_id, limit="1000"
+            )
+        except urllib.error.HTTPError as exc:  # 404 until the project's first span lands
+            if exc.code != 404:
+                raise
+            time.sleep(0.25)
+            continue
+        stored = {s["context"]["span_id"]: s for s in page["data"]}
+        if set(stored) >= set(exported):
+            break
+        time.sleep(0.25)
+    yield TracedSession(session_id, trace_id, link, exported, stored)
+
+
+def test_phoenix_has_every_span_with_its_parent_kind_and_attributes(
+    traced_session: TracedSession, phoenix_server: phoenix.PhoenixInfo
+) -> None:
+    session = traced_session
+    assert set(session.stored) == set(session.exported)
+    kinds = {"invoke_agent": "AGENT", "chat": "LLM", "execute_tool": "TOOL", "compact": "CHAIN"}
+    for span_id, span in session.stored.items():
+        sent = session.exported[span_id]
+        assert span["name"] == sent["name"]
+        assert span["parent_id"] == sent.get("parentSpanId")
+        assert span["span_kind"] == kinds[span["name"].split(" ")[0]]
+        assert span["attributes"]["session.id"] == session.session_id
+    agents = [s for s in session.stored.values() if s["span_kind"] == "AGENT"]
+    (root,) = [s for s in agents if s["parent_id"] is None]
+    assert root["name"] == "invoke_agent supervisor"
+    llm = [s for s in session.stored.values() if s["span_kind"] == "LLM"]
+    assert llm and all(s["attributes"]["llm.token_count.prompt"] > 0 for s in llm)
+    assert all(
+        s["attributes"]["gen_ai.usage.input_tokens"] == s["attributes"]["llm.token_count.prompt"]
+        for s in llm
+    )
+    # the session shows up as a Phoenix session, with this trace in it
+    stored_session = _get(phoenix_server, f"/v1/sessions/{session.session_id}")["data"]
+    assert [t["trace_id"] for t in stored_session["traces"]] == [session.trace_id]
+    assert session.trace_link == phoenix_server.trace_url(session.trace_id)
+
+
+# ---------------------------------------------------------------------- browser
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--virtual-time-budget=30000",
+    "--window-size=1600,1000",
+]
+
+
+def _chromium() -> str:
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.skip("chromium is not installed (apt-get install chromium): screenshot skipped")
+    return binary
+
+
+def _browse(binary: str, url: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run(
+            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+
+
+def _png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Decode an 8-bit, non-interlaced RGB(A)/grey PNG into (width, height, pixels)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG file"
+    pos, chunks, header = 8, [], b""
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+        if kind == b"IHDR":
+            header = body
+        elif kind == b"IDAT":
+            chunks.append(body)
+        elif kind == b"IEND":
+            break
+    width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", header)
+    assert depth == 8 and interlace == 0, "unexpected PNG format"
+    bpp = {0: 1, 2: 3, 4: 2, 6: 4}[color]
+    stride = width * bpp
+    raw = zlib.decompress(b"".join(chunks))
+    prev = bytearray(stride)
+    pixels: list[bytes] = []
+    for y in range(height):
+        kind_byte = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        if kind_byte == 2:  # Up
+            line = bytearray((a + b) & 0xFF for a, b in zip(line, prev, strict=True))
+        elif kind_byte in (1, 3, 4):  # Sub, Average, Paeth
+            for i in range(stride):
+                left = line[i - bpp] if i >= bpp else 0
+                up, corner = prev[i], (prev[i - bpp] if i >= bpp else 0)
+                if kind_byte == 1:
+                    pred = left
+                elif kind_byte == 3:
+                    pred = (left + up) >> 1
+                else:
+                    p = left + up - corner
+                    pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                    pred = left if pa <= pb and pa <= pc else (up if pb <= pc else corner)
+                line[i] = (line[i] + pred) & 0xFF
+        if y % 4 == 0:
+            pixels.extend(bytes(line[x : x + bpp]) for x in range(0, stride, bpp * 4))
+        prev = line
+    return width, height, pixels
+
+
+def test_trace_page_renders_the_agent_tree(traced_session: TracedSession) -> None:
+    binary = _chromium()
+    page = _browse(binary, traced_session.trace_link, "--dump-dom")
+    text = html.unescape(re.sub(r"<[^>]+>", " ", page.stdout.decode("utf-8", "replace")))
+    names = {s["name"] for s in traced_session.exported.values()}
+    missing = [name for name in names if name not in text]
+    assert not missing, f"not shown on the trace page: {missing}"
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "phoenix-trace.png"
+    shot.unlink(missing_ok=True)
+    _browse(binary, traced_session.trace_link, f"--screenshot={shot}")
+    assert shot.exists(), "chromium wrote no screenshot"
+    width, height, pixels = _png_pixels(shot.read_bytes())
+    assert (width, height) == (1600, 1000)
+    colours = Counter(pixels)
+    assert len(colours) > 32, "the screenshot is (nearly) one colour"
+    assert colours.most_common(1)[0][1] < 0.95 * len(pixels), "the screenshot is mostly blank"
