@@ -230,9 +230,11 @@ def test_trace_phoenix_uses_the_state_file_and_the_env_override(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(30)  # phoenix stand-in"]
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)  # phoenix"],
+        stdout=subprocess.PIPE,
     )
     try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # it has exec'd
         info = phoenix.PhoenixInfo(
             url="http://127.0.0.1:6123", pid=proc.pid, port=6123, grpc_port=4400, working_dir="/x"
         )
