@@ -11,7 +11,6 @@ import contextlib
 import html
 import io
 import json
-import os
 import re
 import shutil
 import struct
@@ -43,18 +42,42 @@ PROJECT = "anabranch-e2e"
 
 
 @pytest.fixture(scope="module")
-def phoenix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[phoenix.PhoenixInfo]:
+def user_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A private data home (state file, Phoenix data) and a project of our own."""
+    patch = pytest.MonkeyPatch()
+    data = tmp_path_factory.mktemp("data")
+    patch.setenv("XDG_DATA_HOME", str(data))
+    patch.setenv("PHOENIX_PROJECT_NAME", PROJECT)
+    patch.delenv("PHOENIX_COLLECTOR_ENDPOINT", raising=False)
+    yield data
+    patch.undo()
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def phoenix_server(user_env: Path) -> Iterator[phoenix.PhoenixInfo]:
+    """Phoenix started the way users start it: ``anabranch ui`` (here in the background)."""
     if not phoenix.phoenix_available():
         pytest.skip("Arize Phoenix is not installed: pip install -e '.[dev,ui]' to run this test")
-    work = tmp_path_factory.mktemp("phoenix")
-    http_port = phoenix.free_port()
-    server = phoenix.PhoenixServer.start(
-        work, port=http_port, grpc_port=phoenix.free_port(avoid=(http_port,))
-    )
+    port = phoenix.free_port()
+    code, out, err = _cli("ui", "--background", "--port", str(port), "--start-timeout", "180")
     try:
-        yield server.wait_ready(timeout=180)
+        assert code == 0, err
+        assert f"Phoenix is running at http://127.0.0.1:{port}" in out
+        info = phoenix.running_phoenix()  # the state file `--trace phoenix` reads
+        assert info is not None and info.port == port
+        assert Path(info.working_dir).is_relative_to(user_env)  # under the user's data dir
+        yield info
     finally:
-        server.stop()
+        code, out, _ = _cli("ui", "--stop")
+        assert code == 0 and "stopped Phoenix" in out
+        assert phoenix.running_phoenix() is None
 
 
 def _get(info: phoenix.PhoenixInfo, path: str, **query: str) -> Any:
@@ -81,39 +104,22 @@ def traced_session(
     phoenix_server: phoenix.PhoenixInfo, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TracedSession]:
     tmp = tmp_path_factory.mktemp("session")
-    saved = {k: os.environ.get(k) for k in ("XDG_DATA_HOME", "PHOENIX_PROJECT_NAME")}
-    os.environ["XDG_DATA_HOME"] = str(tmp / "data")
-    os.environ["PHOENIX_PROJECT_NAME"] = PROJECT
-    os.environ.pop("PHOENIX_COLLECTOR_ENDPOINT", None)
-    # `--trace phoenix` finds the server through the state file `anabranch ui` writes.
-    phoenix.write_state(phoenix_server)
     span_file = tmp / "spans.jsonl"
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(
-                [
-                    "run",
-                    EXAMPLE,
-                    TASK,
-                    "--offline",
-                    "--db",
-                    str(tmp / "runs.db"),
-                    "--trace",
-                    "phoenix",
-                    "--trace-file",
-                    str(span_file),
-                ]
-            )
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    assert code == 0, err.getvalue()
-    session_id = re.search(r"session (ses_\w+)", err.getvalue()).group(1)  # type: ignore[union-attr]
-    link = re.search(r"trace: (\S+)", err.getvalue()).group(1)  # type: ignore[union-attr]
+    code, _, err = _cli(
+        "run",
+        EXAMPLE,
+        TASK,
+        "--offline",
+        "--db",
+        str(tmp / "runs.db"),
+        "--trace",
+        "phoenix",
+        "--trace-file",
+        str(span_file),
+    )
+    assert code == 0, err
+    session_id = re.search(r"session (ses_\w+)", err).group(1)  # type: ignore[union-attr]
+    link = re.search(r"trace: (\S+)", err).group(1)  # type: ignore[union-attr]
     exported = {}
     for line in span_file.read_text().splitlines():
         span = json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
