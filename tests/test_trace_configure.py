@@ -280,3 +280,41 @@ def test_ui_without_phoenix_installed_says_how_to_install_it(
     monkeypatch.setattr(phoenix, "phoenix_available", lambda: False)
     assert main(["ui"]) == 1
     assert "anabranch[ui]" in capsys.readouterr().err
+
+
+def test_otlp_json_encodes_types_events_links_and_status(tmp_path: Path) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
+
+    from anabranch.traces.file_exporter import OTLPJsonLinesExporter
+
+    path = tmp_path / "x.jsonl"
+    exporter = OTLPJsonLinesExporter(path)
+    provider = TracerProvider(shutdown_on_exit=False)
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    earlier = SpanContext(trace_id=0xABC, span_id=0xDEF, is_remote=True, trace_flags=TraceFlags(1))
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("outer", links=[Link(earlier, {"why": "resumed"})]) as span:
+        span.set_attributes({"b": True, "i": 7, "f": 0.5, "s": "x", "a": ("p", "q")})
+        span.add_event("cache_break", {"cause": "tools"})
+        span.set_status(Status(StatusCode.ERROR, "boom"))
+        with tracer.start_as_current_span("inner"):
+            pass
+    provider.shutdown()
+    inner, outer = _spans(path)
+    assert inner["parentSpanId"] == outer["spanId"]
+    assert _attrs(outer) == {
+        "b": {"boolValue": True},
+        "i": {"intValue": "7"},
+        "f": {"doubleValue": 0.5},
+        "s": {"stringValue": "x"},
+        "a": {"arrayValue": {"values": [{"stringValue": "p"}, {"stringValue": "q"}]}},
+    }
+    (event,) = outer["events"]
+    assert event["name"] == "cache_break" and int(event["timeUnixNano"]) > 0
+    (link,) = outer["links"]
+    assert link["traceId"] == f"{0xABC:032x}" and link["spanId"] == f"{0xDEF:016x}"
+    assert outer["status"] == {"code": 2, "message": "boom"}
+    assert outer["kind"] == 1  # SPAN_KIND_INTERNAL
