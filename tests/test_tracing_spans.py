@@ -338,3 +338,81 @@ async def test_resumed_session_links_to_the_earlier_trace(
         for k in new_root.links
     ]
     assert linked == [(_trace(old_root), _hex(old_root))]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(reference: str) -> Agent:
+    from anabranch.runtime.loader import load_object
+
+    agent = load_object(f"{ROOT / 'examples' / reference}")
+    assert isinstance(agent, Agent)
+    return agent
+
+
+async def _multi_agent_run(
+    tmp_path: Path, provider: TracerProvider, reference: str, task: str
+) -> tuple[str, list[Any], list[dict[str, Any]], list[Any]]:
+    """Run an example supervisor offline; returns session id, runs, call rows, boundaries."""
+    async with Runtime(db=tmp_path / "t.db", model=TestModel(), tracer_provider=provider) as rt:
+        result = await rt.run(_load(reference), task)
+        runs = await rt.store.list_runs(result.session_id)
+        calls = await rt.store.query(
+            "SELECT c.id, c.run_id FROM calls c JOIN runs r ON r.id = c.run_id "
+            "WHERE r.session_id = ?",
+            (result.session_id,),
+        )
+        boundaries = await rt.store.list_boundaries(session_id=result.session_id)
+    return result.session_id, runs, calls, boundaries
+
+
+def _check_agent_tree(spans: tuple[ReadableSpan, ...], session_id: str, runs: list[Any]) -> None:
+    """Root agent span, children under their parent's spawn_agent call, one trace."""
+    by_id = {_hex(s): s for s in spans}
+    agent_spans = {
+        (s.attributes or {})["gen_ai.agent.id"]: s
+        for s in spans
+        if s.name.startswith("invoke_agent ")
+    }
+    assert set(agent_spans) == {r.id for r in runs}  # one invoke_agent span per run
+    for run in runs:
+        span = agent_spans[run.id]
+        assert span.name == f"invoke_agent {run.agent_name}"
+        if run.parent_run_id is None:
+            assert span.parent is None
+            continue
+        spawn_span = by_id[_parent(span) or ""]
+        assert spawn_span.name == "execute_tool spawn_agent"
+        assert (spawn_span.attributes or {})["gen_ai.tool.call.id"] == run.parent_call_id
+        assert _parent(spawn_span) == _hex(agent_spans[run.parent_run_id])
+    assert {_trace(s) for s in spans} == {_trace(s) for s in spans if s.parent is None}
+    assert len({_trace(s) for s in spans}) == 1  # one trace per session
+    assert all((s.attributes or {})["session.id"] == session_id for s in spans)
+
+
+async def test_multi_agent_span_tree(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    session_id, runs, calls, _ = await _multi_agent_run(
+        tmp_path, provider, "research.py:supervisor", "Compare SQLite and DuckDB"
+    )
+    assert len(runs) == 3  # the supervisor and its two researchers
+    spans = exporter.get_finished_spans()
+    _check_agent_tree(spans, session_id, runs)
+    chats = [s for s in spans if s.name.startswith("chat ")]
+    assert len(chats) == len(calls)  # exactly one inference span per model call
+    by_id = {_hex(s): s for s in spans}
+    agent_of = {r.id: r.agent_name for r in runs}
+    for chat in chats:  # each under the agent run that made the call
+        parent = by_id[_parent(chat) or ""]
+        assert parent.name.startswith("invoke_agent ")
+        run_id = (parent.attributes or {})["gen_ai.agent.id"]
+        assert (chat.attributes or {})["gen_ai.agent.name"] == agent_of[str(run_id)]
+    per_run = {r.id: sum(1 for c in calls if c["run_id"] == r.id) for r in runs}
+    for run_id, count in per_run.items():
+        assert count == sum(
+            1
+            for c in chats
+            if (by_id[_parent(c) or ""].attributes or {})["gen_ai.agent.id"] == run_id
+        )
