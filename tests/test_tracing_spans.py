@@ -352,10 +352,11 @@ def _load(reference: str) -> Agent:
 
 
 async def _multi_agent_run(
-    tmp_path: Path, provider: TracerProvider, reference: str, task: str
+    tmp_path: Path, provider: TracerProvider, reference: str, task: str, rounds: int = 1
 ) -> tuple[str, list[Any], list[dict[str, Any]], list[Any]]:
     """Run an example supervisor offline; returns session id, runs, call rows, boundaries."""
-    async with Runtime(db=tmp_path / "t.db", model=TestModel(), tracer_provider=provider) as rt:
+    model = TestModel(rounds=rounds)
+    async with Runtime(db=tmp_path / "t.db", model=model, tracer_provider=provider) as rt:
         result = await rt.run(_load(reference), task)
         runs = await rt.store.list_runs(result.session_id)
         calls = await rt.store.query(
@@ -416,3 +417,91 @@ async def test_multi_agent_span_tree(
             for c in chats
             if (by_id[_parent(c) or ""].attributes or {})["gen_ai.agent.id"] == run_id
         )
+
+
+async def test_compaction_spans_in_a_multi_agent_run(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    session_id, runs, calls, boundaries = await _multi_agent_run(
+        tmp_path, provider, "long_task.py:supervisor", "Write the survey history", rounds=8
+    )
+    spans = exporter.get_finished_spans()
+    _check_agent_tree(spans, session_id, runs)
+    by_id = {_hex(s): s for s in spans}
+    agent_spans = {
+        (s.attributes or {})["gen_ai.agent.id"]: s for s in spans if s.name.startswith("invoke_")
+    }
+    compacts = [s for s in spans if s.name.startswith("compact ")]
+    agent_of = {r.id: r.agent_name for r in runs}
+    compacted_runs = {b.run_id for b in boundaries}
+    assert {agent_of[r] for r in compacted_runs} == {"supervisor", "archivist", "analyst"}
+
+    # one compact span per compaction, under the agent that compacted, matching the store
+    def summary(run_id: str, a: Any) -> tuple[Any, ...]:
+        return (
+            run_id,
+            a["anabranch.compaction.strategy"],
+            a["anabranch.compaction.trigger"],
+            a["anabranch.compaction.tokens_before"],
+            a["anabranch.compaction.tokens_after"],
+            a["anabranch.compaction.messages_before"],
+            a["anabranch.compaction.messages_after"],
+        )
+
+    from_spans = []
+    for span in compacts:
+        a = span.attributes or {}
+        run_id = str(a["gen_ai.agent.id"])
+        assert _parent(span) == _hex(agent_spans[run_id])
+        assert span.name == f"compact {agent_of[run_id]}"
+        assert a["openinference.span.kind"] == "CHAIN"
+        assert a["gen_ai.operation.name"] == "compact"
+        assert a["anabranch.compaction.tokens_after"] < a["anabranch.compaction.tokens_before"]
+        assert a["anabranch.compaction.kept"] >= 0 and "anabranch.compaction.failure" not in a
+        assert (
+            json.loads(str(a["input.value"]))["tokens"] == a["anabranch.compaction.tokens_before"]
+        )
+        assert (
+            json.loads(str(a["output.value"]))["tokens"] == a["anabranch.compaction.tokens_after"]
+        )
+        assert a["output.mime_type"] == "application/json"
+        from_spans.append(summary(run_id, a))
+    from_store = [
+        (
+            b.run_id,
+            b.strategy,
+            b.trigger,
+            b.tokens_before,
+            b.tokens_after,
+            b.messages_before,
+            b.messages_after,
+        )
+        for b in boundaries
+    ]
+    assert sorted(from_spans) == sorted(from_store)
+
+    # the summarizer's model call nests under its compact span; no other call does
+    chats = [s for s in spans if s.name.startswith("chat ")]
+    summarizer = [s for s in chats if by_id[_parent(s) or ""].name.startswith("compact ")]
+    summarized = [
+        s for s in compacts if (s.attributes or {})["anabranch.compaction.strategy"] == "summarize"
+    ]
+    assert len(summarizer) >= len(summarized) > 0
+    assert all((s.attributes or {})["anabranch.call.purpose"] == "compaction" for s in summarizer)
+    assert {_parent(s) for s in summarizer} == {_hex(s) for s in summarized}
+    assert len(chats) - len(summarizer) == len(calls)  # one span per agent model call
+
+    # inference spans after a run's first compaction say the context is compacted
+    for run_id in compacted_runs:
+        own = sorted(
+            (s for s in chats if _parent(s) == _hex(agent_spans[run_id])),
+            key=lambda s: s.start_time or 0,
+        )
+        first = min(
+            (s.start_time or 0)
+            for s in compacts
+            if (s.attributes or {})["gen_ai.agent.id"] == run_id
+        )
+        for chat in own:
+            flagged = (chat.attributes or {}).get("gen_ai.conversation.compacted") is True
+            assert flagged == ((chat.start_time or 0) > first), chat.name

@@ -431,10 +431,13 @@ class CompactingPipeline:
                 attempt=attempt,
                 compacted=run.compactions > 0,
                 messages=request.messages,
+                system=request.system,
+                purpose="compaction",
             ) as span:
                 try:
                     response = await env.model.request(request)
                 except ModelError as error:
+                    env.tracing.model_error(span, error)
                     too_long = isinstance(error, PromptTooLongError)
                     if too_long or not env.retry.should_retry(attempt, error):
                         raise

@@ -395,13 +395,19 @@ class Tracing:
         )
         _safe_set(target, {"anabranch.cache.break.cause": cause})
 
+    # ------------------------------------------------------------------ compaction
     @contextmanager
     def compact_span(
         self, *, agent: str, run_id: str, session_id: str, trigger: str, strategy: str
     ) -> Iterator[Span]:
-        """``compact {agent}``: one compaction (the summarizer's model call nests inside)."""
+        """``compact {agent}``: one compaction (the summarizer's model call nests inside).
+
+        A CHAIN span for Phoenix; ``compaction_result`` adds the sizes before/after, which
+        are shown as its input/output (numbers only, never message content).
+        """
         attributes = {
             "gen_ai.operation.name": "compact",
+            "gen_ai.provider.name": PROVIDER,
             "gen_ai.agent.name": agent,
             "gen_ai.agent.id": run_id,
             "gen_ai.conversation.id": session_id,
@@ -427,6 +433,10 @@ class Tracing:
         strategy: str | None = None,
     ) -> None:
         """Record a compaction's outcome; a failure also sets the span's error status."""
+        before = {"tokens": tokens_before, "messages": messages_before}
+        after: dict[str, Any] = {"tokens": tokens_after, "messages": messages_after, "kept": kept}
+        if failure is not None:
+            after["failure"] = failure
         _safe_set(
             span,
             {
@@ -438,6 +448,11 @@ class Tracing:
                 "anabranch.compaction.kept": kept,
                 "anabranch.compaction.duration": duration,
                 "anabranch.compaction.failure": failure,
+                "error.type": "compaction_failed" if failure is not None else None,
+                "input.value": _json(before),
+                "input.mime_type": "application/json",
+                "output.value": _json(after),
+                "output.mime_type": "application/json",
             },
         )
         if failure is not None:
