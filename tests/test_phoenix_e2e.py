@@ -1,5 +1,7 @@
-"""End to end with the real UI: Phoenix started offline, a session exported to it by the CLI,
-spans checked through Phoenix's REST API, the trace page rendered by headless Chromium.
+"""End to end with the real UI: Phoenix started offline by ``anabranch ui``, an offline
+multi-agent session with compactions (``examples/long_task.py``) exported to it by
+``anabranch run --trace phoenix``, spans checked through Phoenix's REST API, and a
+compaction span's page rendered by headless Chromium.
 
 Needs the ``ui`` extra (Arize Phoenix); the browser part needs Debian's ``chromium``.
 The screenshot is written to ``artifacts/phoenix-trace.png`` (a CI artifact).
@@ -36,8 +38,17 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
-EXAMPLE = f"{ROOT / 'examples' / 'research.py'}:supervisor"
-TASK = "Compare SQLite and DuckDB for analytics"
+EXAMPLE = f"{ROOT / 'examples' / 'long_task.py'}:supervisor"
+TASK = "Write a short history of the river survey"
+COMPACTION_KEYS = (
+    "anabranch.compaction.trigger",
+    "anabranch.compaction.strategy",
+    "anabranch.compaction.tokens_before",
+    "anabranch.compaction.tokens_after",
+    "anabranch.compaction.messages_before",
+    "anabranch.compaction.messages_after",
+    "anabranch.compaction.kept",
+)
 PROJECT = "anabranch-e2e"
 
 
@@ -172,6 +183,46 @@ def test_phoenix_has_every_span_with_its_parent_kind_and_attributes(
     assert session.trace_link == phoenix_server.trace_url(session.trace_id)
 
 
+def _sent_attributes(span: dict[str, Any]) -> dict[str, Any]:
+    values = {}
+    for item in span["attributes"]:
+        ((kind, value),) = item["value"].items()
+        values[item["key"]] = int(value) if kind == "intValue" else value
+    return values
+
+
+def test_compact_spans_arrive_under_their_agents_with_their_attributes(
+    traced_session: TracedSession,
+) -> None:
+    stored = traced_session.stored
+    compacts = [s for s in stored.values() if s["name"].startswith("compact ")]
+    agents = {s["name"].removeprefix("compact ") for s in compacts}
+    assert agents == {"supervisor", "archivist", "analyst"}  # each compacts at its own window
+    for span in compacts:
+        attributes = span["attributes"]
+        parent = stored[span["parent_id"]]
+        assert parent["span_kind"] == "AGENT"
+        assert parent["name"] == "invoke_agent " + span["name"].removeprefix("compact ")
+        assert parent["attributes"]["gen_ai.agent.id"] == attributes["gen_ai.agent.id"]
+        assert span["span_kind"] == "CHAIN"
+        sent = _sent_attributes(traced_session.exported[span["context"]["span_id"]])
+        for key in COMPACTION_KEYS:
+            assert attributes[key] == sent[key], key
+        assert (
+            attributes["anabranch.compaction.tokens_after"]
+            < (attributes["anabranch.compaction.tokens_before"])
+        )
+        shown_in, shown_out = (
+            json.loads(attributes["input.value"]),
+            json.loads(attributes["output.value"]),
+        )
+        assert shown_in["tokens"] == attributes["anabranch.compaction.tokens_before"]
+        assert shown_out["tokens"] == attributes["anabranch.compaction.tokens_after"]
+        if attributes["anabranch.compaction.strategy"] == "summarize":  # the summarizer's call
+            children = [s for s in stored.values() if s["parent_id"] == span["context"]["span_id"]]
+            assert [c["span_kind"] for c in children][:1] == ["LLM"]
+
+
 # ---------------------------------------------------------------------- browser
 CHROMIUM_FLAGS = [
     "--headless",
@@ -249,18 +300,30 @@ def _png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
     return width, height, pixels
 
 
-def test_trace_page_renders_the_agent_tree(traced_session: TracedSession) -> None:
+def test_compaction_span_page_shows_before_and_after(
+    traced_session: TracedSession, phoenix_server: phoenix.PhoenixInfo
+) -> None:
     binary = _chromium()
-    page = _browse(binary, traced_session.trace_link, "--dump-dom")
+    compact = next(
+        s
+        for s in traced_session.stored.values()
+        if s["name"] == "compact archivist"
+        and s["attributes"]["anabranch.compaction.strategy"] == "summarize"
+    )
+    before = compact["attributes"]["anabranch.compaction.tokens_before"]
+    after = compact["attributes"]["anabranch.compaction.tokens_after"]
+    # the trace view with this compaction span selected
+    url = f"{phoenix_server.url}/redirects/spans/{compact['context']['span_id']}"
+    page = _browse(binary, url, "--dump-dom")
     text = html.unescape(re.sub(r"<[^>]+>", " ", page.stdout.decode("utf-8", "replace")))
-    names = {s["name"] for s in traced_session.exported.values()}
-    missing = [name for name in names if name not in text]
-    assert not missing, f"not shown on the trace page: {missing}"
+    for shown in ("invoke_agent supervisor", "compact archivist"):
+        assert shown in text, f"{shown!r} is not on the trace page"
+    assert str(before) in text and str(after) in text, "before/after tokens are not shown"
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "phoenix-trace.png"
     shot.unlink(missing_ok=True)
-    _browse(binary, traced_session.trace_link, f"--screenshot={shot}")
+    _browse(binary, url, f"--screenshot={shot}")
     assert shot.exists(), "chromium wrote no screenshot"
     width, height, pixels = _png_pixels(shot.read_bytes())
     assert (width, height) == (1600, 1000)
