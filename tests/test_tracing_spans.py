@@ -491,6 +491,15 @@ async def test_compaction_spans_in_a_multi_agent_run(
     assert {_parent(s) for s in summarizer} == {_hex(s) for s in summarized}
     assert len(chats) - len(summarizer) == len(calls)  # one span per agent model call
 
+    # content is off by default: no prompt, tool output or summary text in any span
+    text = _all_text(spans)
+    assert "Chapter " not in text and "Ledger entries" not in text and "<summary>" not in text
+    for span in spans:
+        keys = set(span.attributes or {})
+        assert not keys & {"gen_ai.input.messages", "gen_ai.output.messages"}, span.name
+        if not span.name.startswith("compact "):
+            assert not keys & {"input.value", "output.value"}, span.name
+
     # inference spans after a run's first compaction say the context is compacted
     for run_id in compacted_runs:
         own = sorted(
