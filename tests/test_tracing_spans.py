@@ -514,3 +514,67 @@ async def test_compaction_spans_in_a_multi_agent_run(
         for chat in own:
             flagged = (chat.attributes or {}).get("gen_ai.conversation.compacted") is True
             assert flagged == ((chat.start_time or 0) > first), chat.name
+
+
+async def test_resumed_graph_session_links_to_the_earlier_trace(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    import anyio
+
+    from anabranch import Graph, Task
+
+    blocked = anyio.Event()
+    allow = False
+
+    @tool(timeout=30)
+    async def step() -> str:
+        """Block until allowed."""
+        if not allow:
+            blocked.set()
+            await anyio.sleep_forever()
+        return "stepped"
+
+    graph = Graph(
+        name="paused",
+        tasks=[
+            Task(id="first", agent=worker, prompt="Go."),
+            Task(
+                id="second",
+                agent=worker.model_copy(update={"name": "stepper", "tools": (step,)}),
+                prompt="Step.",
+                depends_on=["first"],
+            ),
+        ],
+    )
+    db = tmp_path / "g.db"
+    sessions: list[str] = []
+    async with Runtime(db=db, model=TestModel(), tracer_provider=provider) as rt:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+
+                async def drive() -> None:
+                    await rt.run_graph(graph, on_session=sessions.append)
+
+                group.start_soon(drive)
+                await blocked.wait()
+                group.cancel_scope.cancel()
+    first = exporter.get_finished_spans()
+    allow = True
+    async with Runtime(db=db, model=TestModel(), tracer_provider=provider, graphs=[graph]) as rt:
+        result = await rt.resume(sessions[0])
+    assert result.status == "done"
+    second = exporter.get_finished_spans()[len(first) :]
+    (old_root,) = [s for s in first if s.parent is None]
+    (new_root,) = [s for s in second if s.parent is None]
+    assert old_root.name == new_root.name == "invoke_workflow paused"
+    assert {_trace(s) for s in second} == {_trace(new_root)} != {_trace(old_root)}
+    assert (new_root.attributes or {})["session.id"] == sessions[0]
+    assert [
+        (format_trace_id(k.context.trace_id), format_span_id(k.context.span_id))
+        for k in new_root.links
+    ] == [(_trace(old_root), _hex(old_root))]
+    # the interrupted task's run links to its own earlier span too; the finished one is not re-run
+    (stepper,) = [s for s in second if s.name == "invoke_agent stepper"]
+    (old_stepper,) = [s for s in first if s.name == "invoke_agent stepper"]
+    assert [format_span_id(k.context.span_id) for k in stepper.links] == [_hex(old_stepper)]
+    assert not [s for s in second if s.name == "invoke_agent worker"]

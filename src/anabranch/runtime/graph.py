@@ -29,6 +29,7 @@ from anabranch.runtime.loader import load_object
 from anabranch.runtime.loop import Environment, new_id
 from anabranch.runtime.results import GraphResult, TaskResult
 from anabranch.store import RunRecord, SessionRecord
+from anabranch.traces import SpanRef
 
 if TYPE_CHECKING:
     from anabranch.runtime.runtime import Runtime
@@ -278,7 +279,14 @@ async def _drive(rt: Runtime, session_id: str, graph: Graph) -> GraphResult:
     async def drive() -> str:
         runs = await _task_runs(rt, session_id)
         schedule = _Schedule(env, graph, runs, _stored_results(graph, runs))
-        with rt.tracing.graph_run(graph=graph.name, session_id=session_id, tasks=len(graph.tasks)):
+        store = env.store
+        earlier = [SpanRef(t, s) for t, s in await store.run_spans(session_id)]
+        with rt.tracing.graph_run(
+            graph=graph.name, session_id=session_id, tasks=len(graph.tasks), resumed_from=earlier
+        ) as span:
+            ref = rt.tracing.span_ref(span)
+            if ref is not None:  # a graph's own span is kept under its session id
+                await store.add_run_span(session_id, session_id, ref.trace_id, ref.span_id)
             results = await schedule.run()
         result = await _result(rt, session_id, graph, results)
         if result.status != "done":

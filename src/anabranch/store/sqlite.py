@@ -730,7 +730,8 @@ class SQLiteStore:
 
     # ----------------------------------------------------------------- trace spans
     async def add_run_span(self, session_id: str, run_id: str, trace_id: str, span_id: str) -> None:
-        """Remember the (hex) trace and span id of one drive of a run."""
+        """Remember the (hex) trace and span id of one drive of a run (for a graph's own
+        span, ``run_id`` is the session id)."""
         values = {
             "session_id": session_id,
             "run_id": run_id,

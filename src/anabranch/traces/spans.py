@@ -218,9 +218,19 @@ class Tracing:
             yield span
 
     @contextmanager
-    def graph_run(self, *, graph: str, session_id: str, tasks: int) -> Iterator[Span]:
-        """The span of a task graph: every task's ``invoke_agent`` span nests under it."""
-        attributes = {
+    def graph_run(
+        self,
+        *,
+        graph: str,
+        session_id: str,
+        tasks: int,
+        resumed_from: Sequence[SpanRef] = (),
+    ) -> Iterator[Span]:
+        """The span of a task graph: every task's ``invoke_agent`` span nests under it.
+
+        ``resumed_from``: the graph's spans from earlier drives of the session (links).
+        """
+        attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_workflow",
             "gen_ai.conversation.id": session_id,
             "openinference.span.kind": "CHAIN",
@@ -228,7 +238,11 @@ class Tracing:
             "anabranch.graph.name": graph,
             "anabranch.graph.tasks": tasks,
         }
-        with self._span(f"invoke_workflow {graph}", SpanKind.INTERNAL, attributes) as span:
+        if resumed_from:
+            attributes["anabranch.resumed"] = True
+        with self._span(
+            f"invoke_workflow {graph}", SpanKind.INTERNAL, attributes, _links(resumed_from)
+        ) as span:
             yield span
 
     def agent_output(self, span: Span, output: str, usage: Usage | None = None) -> None:
