@@ -578,3 +578,62 @@ async def test_resumed_graph_session_links_to_the_earlier_trace(
     (old_stepper,) = [s for s in first if s.name == "invoke_agent stepper"]
     assert [format_span_id(k.context.span_id) for k in stepper.links] == [_hex(old_stepper)]
     assert not [s for s in second if s.name == "invoke_agent worker"]
+
+
+SDK_SCRIPT = """
+import sys, anyio
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from anabranch import Agent, AnthropicModel, Runtime, tool
+from anabranch.testing import MessagesServer, TestModel
+
+@tool
+def lookup(topic: str) -> str:
+    '''Look a topic up.'''
+    return "notes on " + topic
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)  # a global provider: the SDK would trace into it
+
+async def main():
+    agent = Agent(name="w", model="claude-opus-4-8", instructions="Work.", tools=[lookup])
+    async with MessagesServer(policy=TestModel()) as srv:
+        model = AnthropicModel(base_url=srv.base_url, api_key="test")
+        async with Runtime(db=sys.argv[1], model=model) as rt:
+            await rt.run(agent, "task")
+        await model.aclose()
+        print(len(srv.log))
+
+anyio.run(main)
+for span in exporter.get_finished_spans():
+    print(span.name)
+"""
+
+
+def test_one_inference_span_per_call_even_with_a_global_provider(tmp_path: Path) -> None:
+    """The SDK's own ``anthropic.messages.create`` spans stay off: never two per call."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OTEL_"))}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    done = subprocess.run(
+        [sys.executable, "-c", SDK_SCRIPT, str(tmp_path / "t.db")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    requests, *names = done.stdout.split("\n")
+    names = [n for n in names if n]
+    assert int(requests) == 2  # a tool turn, then the answer
+    assert names.count("chat claude-opus-4-8") == 2
+    assert not [n for n in names if n.startswith("anthropic.")]
+    assert names.count("invoke_agent w") == 1
