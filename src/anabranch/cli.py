@@ -7,6 +7,7 @@ import datetime as dt
 import importlib
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -148,10 +149,10 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
         if s.status == "interrupted":
             unfinished.append(s.session.id)
     if unfinished:
-        print(
-            "\nresume an interrupted session with: anabranch resume <ID>  (e.g. "
-            f"anabranch resume {unfinished[0]})"
-        )
+        db = "" if args.db == DEFAULT_DB else f" --db {shlex.quote(str(args.db))}"
+        print("\nunfinished sessions; continue each where it stopped with:")
+        for session_id in unfinished:
+            print(f"  anabranch resume {shlex.quote(session_id)}{db}")
     return 0
 
 

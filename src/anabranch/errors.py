@@ -5,6 +5,7 @@
     │   ├── SessionNotFoundError  no session with that id in the store
     │   ├── DatabaseError         the file is not an anabranch database, is newer, or is corrupt
     │   ├── SessionBusyError      another live process holds the session's lease
+    │   │   └── LeaseLostError    it was taken over while this process was stalled
     │   └── ToolDefinitionError   a function cannot be turned into a tool
     ├── RunError                  a run could not finish
     │   ├── MaxTurnsExceeded
@@ -28,6 +29,7 @@ __all__ = [
     "AnabranchError",
     "CompactionFailedError",
     "DatabaseError",
+    "LeaseLostError",
     "MaxTurnsExceeded",
     "ModelAPIError",
     "ModelConnectionError",
@@ -70,6 +72,19 @@ class SessionBusyError(UserError):
         super().__init__(
             f"session {session_id} is being driven by another live process ({owner}); "
             "wait for it to finish or stop it first"
+        )
+        self.session_id = session_id
+        self.owner = owner
+
+
+class LeaseLostError(SessionBusyError):
+    """This process stalled past its lease and another process took the session over."""
+
+    def __init__(self, session_id: str, owner: str) -> None:
+        UserError.__init__(
+            self,
+            f"session {session_id} was taken over by another process while this one was "
+            "stalled past its lease; this process stopped driving it",
         )
         self.session_id = session_id
         self.owner = owner

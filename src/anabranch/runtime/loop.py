@@ -132,7 +132,8 @@ class AgentRun:
         snapshot: tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]] | None = None,
         run_id: str | None = None,
     ) -> AgentRun:
-        """Create and persist a new run: its record, prompt snapshot and first messages."""
+        """Create and persist a new run: its record, prompt snapshot and first messages,
+        in one transaction (a crash leaves all of it or none)."""
         record = RunRecord(
             id=run_id or new_id("run"),
             session_id=env.session_id,
@@ -146,11 +147,18 @@ class AgentRun:
             mode=mode,
         )
         run = cls(env, agent, record)
-        await env.store.create_run(record)
         system, tools = snapshot if snapshot is not None else run.build_prompt()
-        await run.save_snapshot(system, tools, reason="start")
         messages = [Message.user(task)] if isinstance(task, str) else list(task)
-        await run.append(*messages)
+        run.snapshot_version = 1
+        await env.store.create_run(
+            record,
+            snapshot=run.snapshot_record(system, tools, reason="start"),
+            messages=run.message_records(messages),
+        )
+        run.system, run.tools = system, tools
+        run.next_seq = len(messages)
+        run.context = list(messages)
+        run.appended_since_usage = list(messages)
         return run
 
     @classmethod
@@ -175,14 +183,42 @@ class AgentRun:
                 b.status == "ok" for b in await store.list_boundaries(run_id=record.id)
             )
             context = list(messages_from_json(boundary.prefix))
+            records = []
             for first, last in json.loads(boundary.ranges):
-                records = await store.load_messages(record.id, from_seq=first, to_seq=last)
-                context.extend(_message_from_record(r) for r in records)
+                records += await store.load_messages(record.id, from_seq=first, to_seq=last)
+            context.extend(_message_from_record(r) for r in records)
             run.context = context
         run.next_seq = await store.next_seq(record.id)
-        run.turns = sum(1 for c in await store.list_calls(record.id) if c.status == "ok")
+        # A call still in flight was cut off by a crash: close it; its request is rebuilt
+        # byte for byte from the same snapshot and messages and sent again.
+        await store.close_interrupted_calls(record.id)
+        calls = await store.list_calls(record.id)
+        run.turns = sum(1 for c in calls if c.status == "ok")
         run.appended_since_usage = list(run.context)
+        run._restore_usage_anchor(calls, records, boundary.created if boundary else None)
         return run
+
+    def _restore_usage_anchor(
+        self,
+        calls: Sequence[CallRecord],
+        records: Sequence[MessageRecord],
+        boundary_created: float | None,
+    ) -> None:
+        """Anchor token accounting on the last committed response, as the live run did,
+        so a resumed run makes the same compaction decisions as an uninterrupted one."""
+        last = next(
+            (c for c in reversed(calls) if c.status == "ok" and c.message_seq is not None), None
+        )
+        if last is None or last.usage is None or last.message_seq is None:
+            return
+        if boundary_created is not None and (last.finished or 0.0) < boundary_created:
+            return  # compacted since: the live run had dropped its anchor too
+        if not any(r.seq == last.message_seq for r in records):
+            return
+        self.last_usage = Usage.model_validate_json(last.usage)
+        self.appended_since_usage = [
+            _message_from_record(r) for r in records if r.seq > last.message_seq
+        ]
 
     # ------------------------------------------------------------------ prompt
     def build_prompt(self) -> tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]:
@@ -241,6 +277,23 @@ class AgentRun:
         await self.save_snapshot(system, tools, reason=reason)
         return True
 
+    def snapshot_record(
+        self,
+        system: tuple[SystemBlock, ...],
+        tools: tuple[ToolDefinition, ...],
+        *,
+        reason: str,
+    ) -> SnapshotRecord:
+        """The store record of a prompt snapshot with the current version number."""
+        return SnapshotRecord(
+            run_id=self.id,
+            version=self.snapshot_version,
+            system=canonical_json([b.model_dump(mode="json") for b in system]),
+            tools=canonical_json([t.model_dump(mode="json") for t in tools]),
+            created=time.time(),
+            reason=reason,
+        )
+
     async def save_snapshot(
         self,
         system: tuple[SystemBlock, ...],
@@ -249,22 +302,13 @@ class AgentRun:
         reason: str,
     ) -> None:
         self.snapshot_version += 1
-        await self.env.store.save_snapshot(
-            SnapshotRecord(
-                run_id=self.id,
-                version=self.snapshot_version,
-                system=canonical_json([b.model_dump(mode="json") for b in system]),
-                tools=canonical_json([t.model_dump(mode="json") for t in tools]),
-                created=time.time(),
-                reason=reason,
-            )
-        )
+        await self.env.store.save_snapshot(self.snapshot_record(system, tools, reason=reason))
         self.system, self.tools = system, tools
 
     def build_request(self) -> ModelRequest:
         """The exact request for the current context, cache breakpoints placed (<= 4)."""
         request = ModelRequest(
-            model=self.agent.model,
+            model=self.record.model,
             system=self.system,
             tools=self.tools,
             messages=tuple(self.context),
@@ -299,9 +343,11 @@ class AgentRun:
         return self.agent.context.threshold
 
     # ------------------------------------------------------------------ appending
-    async def append(self, *messages: Message, kind: str = "message") -> None:
-        """Commit messages to the store, then add them to the context."""
-        records = [
+    def message_records(
+        self, messages: Sequence[Message], kind: str = "message"
+    ) -> list[MessageRecord]:
+        """Store records for ``messages`` appended after the last committed one."""
+        return [
             MessageRecord(
                 run_id=self.id,
                 seq=self.next_seq + offset,
@@ -312,6 +358,10 @@ class AgentRun:
             )
             for offset, message in enumerate(messages)
         ]
+
+    async def append(self, *messages: Message, kind: str = "message") -> None:
+        """Commit messages to the store, then add them to the context."""
+        records = self.message_records(messages, kind)
         await self.env.store.append_messages(records)
         self.next_seq += len(records)
         self.context.extend(messages)
@@ -329,8 +379,11 @@ class AgentRun:
         """Run until the agent gives a final answer; returns it.
 
         Raises ``MaxTurnsExceeded`` (recorded as a failed run) and ``ModelError`` once
-        retries are exhausted (the run stays unfinished and resumable).
+        retries are exhausted (the run stays unfinished and resumable). A run that already
+        finished (e.g. loaded on resume) returns its committed answer at once.
         """
+        if self.record.status == "done":
+            return self.record.output or ""
         tracing = self.env.tracing
         task = self.context[0].text if self.context else ""
         store = self.env.store

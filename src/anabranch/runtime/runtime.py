@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 from opentelemetry import trace
 
 from anabranch.agents import Agent, Graph
 from anabranch.context.messages import Usage
 from anabranch.errors import (
     AnabranchError,
+    LeaseLostError,
+    SessionBusyError,
     SessionNotFoundError,
     UserError,
 )
@@ -110,6 +113,7 @@ class Runtime:
         self.spawn_limits = spawn_limits or SpawnLimits()
         self._store: SQLiteStore | None = None
         self._owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._driving: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Runtime:
@@ -248,6 +252,9 @@ class Runtime:
             return result
         root_agent = self.resolve_agent(session, agent)
         root = await self._root_run(session_id)
+        if root is not None and root.status in ("done", "failed"):
+            # The process stopped after the answer was committed: nothing left to run.
+            return await self._record_finished(session_id, root)
         env = self.environment(session_id)
 
         async def load_and_drive() -> str:
@@ -300,17 +307,52 @@ class Runtime:
             error=root.error,
         )
 
+    async def _record_finished(self, session_id: str, root: RunRecord) -> RunResult:
+        """The result of a session whose root run finished before the process stopped."""
+        session = await self.store.get_session(session_id)
+        if session is not None and session.status != root.status:
+            await self.store.acquire_lease(session_id, self._owner, self.lease_ttl)
+            try:
+                await self.store.set_session_status(
+                    session_id,
+                    "done" if root.status == "done" else "failed",
+                    output=root.output,
+                    error=root.error,
+                )
+            finally:
+                await self.store.release_lease(session_id, self._owner)
+        return RunResult(
+            session_id=session_id,
+            run_id=root.id,
+            agent=root.agent_name,
+            status="done" if root.status == "done" else "failed",
+            output=root.output or "",
+            usage=await self.session_usage(session_id),
+            error=root.error,
+        )
+
     async def _drive_session(
         self, session_id: str, agent_name: str, drive: Callable[[], Any]
     ) -> RunResult:
         store = self.store
+        if session_id in self._driving:
+            raise SessionBusyError(session_id, f"this runtime ({self._owner})")
         await store.acquire_lease(session_id, self._owner, self.lease_ttl)
+        self._driving.add(session_id)
         failure: Exception | None = None
+        lease_lost = False
         output = ""
+
+        async def keep_lease(group: anyio.abc.TaskGroup) -> None:
+            nonlocal lease_lost
+            if not await self._keep_lease(session_id):
+                lease_lost = True
+                group.cancel_scope.cancel()
+
         try:
             await store.set_session_status(session_id, "running")
             async with anyio.create_task_group() as group:
-                group.start_soon(self._keep_lease, session_id)
+                group.start_soon(keep_lease, group)
                 try:
                     output = await drive()
                 except Exception as exc:
@@ -322,8 +364,11 @@ class Runtime:
                 await store.set_session_status(session_id, "cancelled", error="cancelled")
             raise
         finally:
+            self._driving.discard(session_id)
             with anyio.CancelScope(shield=True):
                 await store.release_lease(session_id, self._owner)
+        if lease_lost:  # another process owns the session now: write nothing more
+            raise LeaseLostError(session_id, self._owner)
         root = await self._root_run(session_id)
         run_id = root.id if root else ""
         if failure is not None:
@@ -341,11 +386,14 @@ class Runtime:
             usage=await self.session_usage(session_id),
         )
 
-    async def _keep_lease(self, session_id: str) -> None:
+    async def _keep_lease(self, session_id: str) -> bool:
+        """Renew the lease every third of its ttl; returns False once it was lost."""
         while True:
             await anyio.sleep(self.lease_ttl / 3)
             with anyio.CancelScope(shield=True):
-                await self.store.renew_lease(session_id, self._owner, self.lease_ttl)
+                renewed = await self.store.renew_lease(session_id, self._owner, self.lease_ttl)
+            if not renewed:
+                return False
 
     async def rewind(self, session_id: str, run_id: str, boundary_id: int) -> BoundaryRecord:
         """Restore a run's context to what it was before boundary ``boundary_id``.

@@ -83,7 +83,8 @@ class CallRecord:
     created: float
     id: int | None = None
     status: str | None = None
-    """``None`` while in flight; then ``ok`` or ``error``."""
+    """``None`` while in flight; then ``ok``, ``error``, or ``interrupted`` (the process
+    stopped before the response was committed; the request was sent again on resume)."""
     error_type: str | None = None
     error: str | None = None
     response_id: str | None = None

@@ -299,13 +299,18 @@ class SQLiteStore:
 
         await self._write(write)
 
-    async def renew_lease(self, session_id: str, owner: str, ttl: float) -> None:
-        await self._write(
-            lambda conn: conn.execute(
+    async def renew_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Extend the lease; False if ``owner`` no longer holds it (another process took
+        it over after it expired)."""
+
+        def write(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
                 "UPDATE leases SET expires = ? WHERE session_id = ? AND owner = ?",
                 (time.time() + ttl, session_id, owner),
             )
-        )
+            return cursor.rowcount > 0
+
+        return await self._write(write)
 
     async def release_lease(self, session_id: str, owner: str) -> None:
         await self._write(
@@ -332,7 +337,15 @@ class SQLiteStore:
         return str(owner)
 
     # ----------------------------------------------------------------- runs
-    async def create_run(self, run: RunRecord) -> None:
+    async def create_run(
+        self,
+        run: RunRecord,
+        *,
+        snapshot: SnapshotRecord | None = None,
+        messages: Sequence[MessageRecord] = (),
+    ) -> None:
+        """Commit a new run with its first prompt snapshot and messages in one transaction,
+        so a crash never leaves a run without its task."""
         values = {
             "id": run.id,
             "session_id": run.session_id,
@@ -345,7 +358,17 @@ class SQLiteStore:
             "mode": run.mode,
             "created": run.created,
         }
-        await self._write(lambda conn: self._insert(conn, "runs", values))
+        snapshot_values = self._snapshot_values(snapshot) if snapshot else None
+        message_values = [self._message_values(m) for m in messages]
+
+        def write(conn: sqlite3.Connection) -> None:
+            self._insert(conn, "runs", values)
+            if snapshot_values:
+                self._insert(conn, "snapshots", snapshot_values)
+            for value in message_values:
+                self._insert(conn, "messages", value)
+
+        await self._write(write)
 
     async def finish_run(
         self,
@@ -444,7 +467,7 @@ class SQLiteStore:
         self,
         call_id: int,
         *,
-        status: Literal["ok", "error"],
+        status: Literal["ok", "error", "interrupted"],
         message: MessageRecord | None = None,
         error_type: str | None = None,
         error: str | None = None,
@@ -474,6 +497,34 @@ class SQLiteStore:
             self._insert(conn, "call_outcomes", outcome)
 
         await self._write(write)
+
+    async def close_interrupted_calls(self, run_id: str) -> list[CallRecord]:
+        """Record an ``interrupted`` outcome for every call of the run still in flight.
+
+        Only the lease holder calls this on resume: no other process can have a call of
+        this run in flight, so these are calls a crash cut off. Returns them.
+        """
+
+        def write(conn: sqlite3.Connection) -> list[CallRecord]:
+            rows = self._rows(
+                conn, self._CALL_SQL + " WHERE c.run_id = ? AND o.id IS NULL ORDER BY c.id",
+                (run_id,),
+            )
+            now = time.time()
+            for row in rows:
+                self._insert(
+                    conn,
+                    "call_outcomes",
+                    {
+                        "call_id": row["id"],
+                        "status": "interrupted",
+                        "error": "the process stopped before the response was committed",
+                        "created": now,
+                    },
+                )
+            return [CallRecord(**row) for row in rows]
+
+        return await self._write(write)
 
     async def load_messages(
         self, run_id: str, *, from_seq: int = 0, to_seq: int | None = None
@@ -560,8 +611,9 @@ class SQLiteStore:
         return [ToolEventRecord(**{**row, "is_error": bool(row["is_error"])}) for row in rows]
 
     # ----------------------------------------------------------------- snapshots
-    async def save_snapshot(self, snapshot: SnapshotRecord) -> None:
-        values = {
+    @staticmethod
+    def _snapshot_values(snapshot: SnapshotRecord) -> dict[str, Any]:
+        return {
             "run_id": snapshot.run_id,
             "version": snapshot.version,
             "reason": snapshot.reason,
@@ -569,6 +621,9 @@ class SQLiteStore:
             "tools": snapshot.tools,
             "created": snapshot.created,
         }
+
+    async def save_snapshot(self, snapshot: SnapshotRecord) -> None:
+        values = self._snapshot_values(snapshot)
         await self._write(lambda conn: self._insert(conn, "snapshots", values))
 
     async def latest_snapshot(self, run_id: str) -> SnapshotRecord | None:
