@@ -104,6 +104,10 @@ class SQLiteStore:
             _create_owner_only(path)
         elif path.is_dir():
             raise DatabaseError(f"{path} is a folder, not a database file")
+        elif Path(f"{path}-wal").exists():
+            # Check through a read-only connection first: closing a read-write one would
+            # checkpoint the WAL into a file we may be about to refuse (a newer schema).
+            SQLiteStore._check_read_only(path)
         try:
             conn = sqlite3.connect(
                 path, check_same_thread=False, isolation_level=None, timeout=30.0
@@ -136,19 +140,34 @@ class SQLiteStore:
         return conn
 
     @staticmethod
+    def _check_read_only(path: Path) -> None:
+        try:
+            conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
+        except sqlite3.Error as exc:
+            raise DatabaseError(f"cannot open {path}: {exc}") from exc
+        try:
+            SQLiteStore._check(conn, path)
+        finally:
+            conn.close()
+
+    @staticmethod
     def _check(conn: sqlite3.Connection, path: Path) -> int:
         """The schema version of an existing file (0 if empty). Reads only."""
         try:
             tables = {
                 row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
             }
+            meta = (
+                dict(conn.execute("SELECT key, value FROM meta").fetchall())
+                if "meta" in tables
+                else {}
+            )
         except sqlite3.DatabaseError as exc:
+            if "malformed" in str(exc):
+                raise DatabaseError(f"{path} is corrupt: {exc}") from exc
             raise DatabaseError(f"{path} is not a readable SQLite database: {exc}") from exc
         if not tables:
             return 0
-        if "meta" not in tables:
-            raise DatabaseError(f"{path} is not an anabranch database")
-        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
         if meta.get("app") != APP_ID:
             raise DatabaseError(f"{path} is not an anabranch database")
         version = int(meta.get("schema_version", "0"))
