@@ -1,0 +1,69 @@
+"""The crash test: SIGKILL a real session at many points, resume it by id, compare.
+
+Per backend: one uninterrupted reference session, then chains of attempts against the
+local Messages API server. Every attempt is a subprocess killed at the next point of a
+seeded stream that takes every kind of kill point in turn (see ``harness``); the next
+attempt resumes the session by id, until one finishes it. Each finished chain must match
+the reference exactly (see ``harness.check_chain``). At least ``MIN_KILLS`` attempts per
+backend are actually killed; ``bench/crash.py`` runs the same at 500+ points.
+
+SQLite runs with ``synchronous=NORMAL`` here: in WAL mode that loses nothing when a
+*process* dies (only an OS crash can lose the last commits), and it makes the test several
+times faster. The benchmark runs with the default, ``FULL``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from anabranch.testing import MessagesServer, TestModel
+from tests.crash.harness import (
+    ALL_EVENTS,
+    Harness,
+    KillSwitch,
+    check_chain,
+    random_kill_points,
+    transcript,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+MIN_KILLS = 50
+ROUNDS = 3
+SEED = 7
+
+
+async def test_sigkill_anywhere_then_resume_by_id_finishes_exactly_once(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    switch = KillSwitch(TestModel(rounds=ROUNDS))
+    async with MessagesServer(policy=switch) as server:
+        harness = Harness(server.base_url, anyio_backend, switch, synchronous="NORMAL")
+        first = await harness.run_chain(tmp_path / "reference", [])
+        assert first.session_id is not None and not first.kills
+        reference = transcript(first.db, first.session_id)
+        assert reference.session[0] == "done"
+        assert reference.tool_results, "the scenario must call tools"
+        assert not check_chain(first, reference, server.log)
+
+        compacts = any(run[5] for run in reference.runs)
+        events = [e for e in ALL_EVENTS if e != "summary" or compacts]
+        points = random_kill_points(random.Random(f"{SEED}-{anyio_backend}"), events)
+        killed: Counter[str] = Counter()
+        chains = 0
+        while sum(killed.values()) < MIN_KILLS:
+            chains += 1
+            log_start = len(server.log)
+            chain = await harness.run_chain(tmp_path / f"chain-{chains}", points)
+            problems = check_chain(chain, reference, server.log[log_start:])
+            assert not problems, (
+                f"chain {chains}, killed at {[str(k) for k in chain.kills]}:\n"
+                + "\n".join(problems)
+            )
+            killed.update(k.event for k in chain.kills)
+
+    assert set(killed) == set(events), f"kill points never reached: {set(events) - set(killed)}"
