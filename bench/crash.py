@@ -31,12 +31,13 @@ from tests.crash.harness import (
     random_kill_points,
     transcript,
 )
+from tests.crash.scenario import ScenarioModel
 
-from anabranch.testing import MessagesServer, TestModel
+from anabranch.testing import MessagesServer
 
 
 async def bench(args: argparse.Namespace, backend: str, workdir: Path) -> int:
-    switch = KillSwitch(TestModel(rounds=args.rounds))
+    switch = KillSwitch(ScenarioModel())
     failures = 0
     async with MessagesServer(policy=switch) as server:
         harness = Harness(server.base_url, backend, switch, synchronous=args.synchronous)
@@ -78,7 +79,6 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=500)
     parser.add_argument("--backend", choices=["asyncio", "trio", "both"], default="both")
     parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="FULL")
-    parser.add_argument("--rounds", type=int, default=3, help="tool rounds of the test model")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="keep the databases and logs here")
     args = parser.parse_args()

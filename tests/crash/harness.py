@@ -248,7 +248,7 @@ def _connect(db: Path) -> sqlite3.Connection:
 
 # ---------------------------------------------------------------- transcripts
 
-_ID = re.compile(r"\b(?:toolu|run|ses|msg|req|out)_[0-9A-Za-z]+")
+_ID = re.compile(r"(?<![0-9A-Za-z])(?:toolu|run|ses|msg|req|out)_[0-9A-Za-z]+")
 
 
 class _Names:

@@ -21,8 +21,19 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from anabranch import Agent, ContextPolicy, ToolContext, tool
+from anabranch.context.messages import ModelRequest, ModelResponse
+from anabranch.testing import TestModel
 
-__all__ = ["AGENTS", "KILL", "ROOT", "SIDE_EFFECT_TOOLS", "TASK", "Config", "configure"]
+__all__ = [
+    "AGENTS",
+    "KILL",
+    "ROOT",
+    "SIDE_EFFECT_TOOLS",
+    "TASK",
+    "Config",
+    "ScenarioModel",
+    "configure",
+]
 
 TASK = "Survey the three sources and write up what each one says."
 PAYLOAD_CHARS = 420
@@ -117,16 +128,65 @@ def _policy(window: int) -> ContextPolicy:
     )
 
 
-worker = Agent(
-    name="worker",
-    model="claude-crash-test",
+checker = Agent(
+    name="checker",
+    model="crash-checker",
+    description="Checks every source once more.",
+    instructions="Check every source, then report.",
+    tools=[read_source],
+    context=_policy(1_800),
+    max_tokens=300,
+    max_turns=12,
+)
+researcher = Agent(
+    name="researcher",
+    model="crash-researcher",
+    description="Reads every source and files a note on each.",
     instructions="Read every source, file a note on each, then report.",
     tools=[read_source, file_note],
-    context=_policy(3_000),
+    context=_policy(2_000),
+    max_tokens=300,
+    max_turns=12,
+)
+auditor = Agent(
+    name="auditor",
+    model="crash-auditor",
+    description="Files an audit note and has a checker verify the sources.",
+    instructions="File an audit note, delegate the check, then report.",
+    tools=[file_note],
+    subagents=[checker],
+    context=_policy(4_000),
+    max_tokens=300,
+    max_turns=12,
+)
+supervisor = Agent(
+    name="supervisor",
+    model="crash-supervisor",
+    instructions="Delegate the research and the audit in parallel, then write the answer.",
+    subagents=[researcher, auditor],
+    context=_policy(8_000),
     max_tokens=300,
     max_turns=12,
 )
 
-ROOT = worker
-AGENTS = (worker,)
+ROUNDS = {
+    supervisor.model: 1,  # one turn spawning researcher and auditor in parallel
+    researcher.model: 3,  # three rounds of tools: compacts in its small window
+    auditor.model: 1,  # a note and a checker (depth 2), in parallel
+    checker.model: 2,
+}
+"""Tool-calling rounds of the test model, per agent (the request's model names the agent)."""
+
+ROOT = supervisor
+AGENTS = (supervisor,)
 SIDE_EFFECT_TOOLS = frozenset({"read_source", "file_note"})
+
+
+class ScenarioModel:
+    """The deterministic model behind the server: ``TestModel`` with each agent's rounds."""
+
+    def __init__(self) -> None:
+        self.models = {name: TestModel(rounds=rounds) for name, rounds in ROUNDS.items()}
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        return await self.models[request.model].request(request)

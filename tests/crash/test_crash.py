@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from anabranch.testing import MessagesServer, TestModel
+from anabranch.testing import MessagesServer
 from tests.crash.harness import (
     ALL_EVENTS,
     Harness,
@@ -29,18 +29,18 @@ from tests.crash.harness import (
     random_kill_points,
     transcript,
 )
+from tests.crash.scenario import ScenarioModel
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 MIN_KILLS = 50
-ROUNDS = 3
 SEED = 7
 
 
 async def test_sigkill_anywhere_then_resume_by_id_finishes_exactly_once(
     tmp_path: Path, anyio_backend: str
 ) -> None:
-    switch = KillSwitch(TestModel(rounds=ROUNDS))
+    switch = KillSwitch(ScenarioModel())
     async with MessagesServer(policy=switch) as server:
         harness = Harness(server.base_url, anyio_backend, switch, synchronous="NORMAL")
         first = await harness.run_chain(tmp_path / "reference", [])
