@@ -58,6 +58,8 @@ class Spec:
     kill_event: str | None = None
     kill_at: int = 0
     synchronous: str = "FULL"
+    kind: str = "agent"
+    """``agent``: the supervisor session; ``graph``: the task-graph session."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -195,14 +197,16 @@ async def _main(spec: Spec) -> None:
         model=model,
         retry=retry,
         agents=scenario.AGENTS,
+        graphs=[scenario.GRAPH],
         synchronous=spec.synchronous,  # type: ignore[arg-type]
     ) as rt:
-        if spec.session_id is None:
-            result = await rt.run(
-                scenario.ROOT,
-                scenario.TASK,
-                on_session=lambda sid: _write_atomically(spec.session_file, sid),
-            )
+        def announce(session_id: str) -> None:
+            _write_atomically(spec.session_file, session_id)
+
+        if spec.session_id is None and spec.kind == "graph":
+            result = await rt.run_graph(scenario.GRAPH, on_session=announce)
+        elif spec.session_id is None:
+            result = await rt.run(scenario.ROOT, scenario.TASK, on_session=announce)
         else:
             result = await rt.resume(spec.session_id)
     _write_atomically(spec.result_file, result.model_dump_json())

@@ -153,8 +153,15 @@ class Harness:
     """Runs chains for one anyio backend against the server at ``base_url``."""
 
     def __init__(
-        self, base_url: str, backend: str, switch: KillSwitch, *, synchronous: str = "FULL"
+        self,
+        base_url: str,
+        backend: str,
+        switch: KillSwitch,
+        *,
+        synchronous: str = "FULL",
+        kind: str = "agent",
     ) -> None:
+        self.kind = kind
         self.base_url = base_url
         self.backend = backend
         self.switch = switch
@@ -193,6 +200,7 @@ class Harness:
             kill_event=kill.event if kill and kill.event in IN_PROCESS_EVENTS else None,
             kill_at=kill.at if kill else 0,
             synchronous=self.synchronous,
+            kind=self.kind,
         )
         process = fork_context().Process(target=child_main, args=(spec.to_json(),))
         if kill is not None and kill.event == "server":

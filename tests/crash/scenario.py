@@ -20,12 +20,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from anabranch import Agent, ContextPolicy, ToolContext, tool
+from anabranch import Agent, ContextPolicy, Graph, Task, ToolContext, tool
 from anabranch.context.messages import ModelRequest, ModelResponse
 from anabranch.testing import TestModel
 
 __all__ = [
     "AGENTS",
+    "GRAPH",
     "KILL",
     "ROOT",
     "SIDE_EFFECT_TOOLS",
@@ -169,16 +170,39 @@ supervisor = Agent(
     max_turns=12,
 )
 
+writer = Agent(
+    name="writer",
+    model="crash-writer",
+    description="Writes the final answer from the reports.",
+    instructions="File the final note, then write the answer from the reports.",
+    tools=[file_note],
+    context=_policy(4_000),
+    max_tokens=300,
+    max_turns=12,
+)
+
 ROUNDS = {
     supervisor.model: 1,  # one turn spawning researcher and auditor in parallel
     researcher.model: 3,  # three rounds of tools: compacts in its small window
     auditor.model: 1,  # a note and a checker (depth 2), in parallel
     checker.model: 2,
+    writer.model: 1,
 }
 """Tool-calling rounds of the test model, per agent (the request's model names the agent)."""
 
 ROOT = supervisor
 AGENTS = (supervisor,)
+GRAPH = Graph(
+    name="survey",
+    tasks=[
+        Task(id="read", agent=researcher, prompt="Read the sources."),
+        Task(id="check", agent=checker, prompt="Check the sources."),
+        Task(id="audit", agent=auditor, prompt="Audit the reading.", depends_on=["read"]),
+        Task(id="write", agent=writer, prompt="Write it up.", depends_on=["audit", "check"]),
+    ],
+    max_concurrency=2,
+)
+"""The graph variant: two tasks in parallel, an auditor that spawns, a final writer."""
 SIDE_EFFECT_TOOLS = frozenset({"read_source", "file_note"})
 
 
