@@ -29,6 +29,7 @@ from tests.crash.harness import (
     KillSwitch,
     check_chain,
     random_kill_points,
+    request_keys,
     transcript,
 )
 from tests.crash.scenario import ScenarioModel
@@ -44,6 +45,7 @@ async def bench(args: argparse.Namespace, backend: str, workdir: Path) -> int:
         first = await harness.run_chain(workdir / "reference", [])
         assert first.session_id is not None
         reference = transcript(first.db, first.session_id)
+        sent = request_keys(server.log)
         compacts = any(run[5] for run in reference.runs)
         events = [e for e in ALL_EVENTS if e != "summary" or compacts]
         points = random_kill_points(random.Random(f"{args.seed}-{backend}"), events)
@@ -56,7 +58,7 @@ async def bench(args: argparse.Namespace, backend: str, workdir: Path) -> int:
             chain = await harness.run_chain(workdir / f"chain-{chains}", points)
             attempts += chain.attempts
             killed.update(k.event for k in chain.kills)
-            problems = check_chain(chain, reference, server.log[log_start:])
+            problems = check_chain(chain, reference, server.log[log_start:], sent)
             if problems:
                 failures += 1
                 print(f"[{backend}] chain {chains} killed at {[str(k) for k in chain.kills]}:")

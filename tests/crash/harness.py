@@ -34,7 +34,7 @@ from typing import Any
 
 import anyio
 
-from anabranch.context.messages import ModelRequest, ModelResponse
+from anabranch.context.messages import ModelRequest, ModelResponse, canonical_json
 from anabranch.runtime.model import Model
 from anabranch.testing.records import RequestRecord
 from tests.crash.driver import IN_PROCESS_EVENTS, Spec, child_main
@@ -50,6 +50,7 @@ __all__ = [
     "Transcript",
     "check_chain",
     "random_kill_points",
+    "request_keys",
     "transcript",
 ]
 
@@ -369,10 +370,27 @@ def _effects(workdir: Path) -> list[str]:
     return [line.split("\t", 1)[0] for line in path.read_text().splitlines()]
 
 
+def request_keys(server_log: Sequence[RequestRecord]) -> set[str]:
+    """The requests the server saw, each normalized on its own (ids by appearance)."""
+    keys = set()
+    for record in server_log:
+        if record.request is not None:
+            keys.add(str(_Names()(canonical_json(record.request.model_dump(mode="json")))))
+    return keys
+
+
 def check_chain(
-    chain: Chain, reference: Transcript, server_log: Sequence[RequestRecord]
+    chain: Chain,
+    reference: Transcript,
+    server_log: Sequence[RequestRecord],
+    reference_requests: set[str] | None = None,
 ) -> list[str]:
-    """Every way ``chain`` differs from an uninterrupted run; empty when it does not."""
+    """Every way ``chain`` differs from an uninterrupted run; empty when it does not.
+
+    With ``reference_requests`` (``request_keys`` of the uninterrupted run), every request
+    the chain sent must be one the uninterrupted run sent too (a request cut off by a kill
+    is sent again identically), and every one of those must have been sent.
+    """
     problems: list[str] = []
     assert chain.session_id is not None
     got = transcript(chain.db, chain.session_id)
@@ -395,6 +413,15 @@ def check_chain(
     violations = chain.workdir / "violations.tsv"
     if violations.exists() and violations.read_text().strip():
         problems.append("finished tools ran again:\n" + violations.read_text())
+    if reference_requests is not None:
+        sent = request_keys(server_log)
+        if sent - reference_requests:
+            problems.append(
+                f"{len(sent - reference_requests)} requests differ from every request of "
+                f"the uninterrupted run, e.g. {min(sent - reference_requests):.1500}"
+            )
+        if reference_requests - sent:
+            problems.append(f"{len(reference_requests - sent)} requests were never sent")
     errors = [r for r in server_log if r.status not in (200,) or r.error_type is not None]
     if errors:
         problems.append(

@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sqlite3
 import signal
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,9 @@ def test_kill_9_of_anabranch_run_then_anabranch_resume(tmp_path: Path) -> None:
     session_id = re.search(r"session (ses_[0-9a-f]+)", stderr)
     assert session_id, stderr
     (tmp_path / "hold").unlink()
+    with closing(sqlite3.connect(db)) as conn:  # the dead process's lease has not expired:
+        (expires,) = conn.execute("SELECT expires FROM leases").fetchone()
+    assert expires > time.time() + 5  # resuming must take it over because its owner died
 
     sessions = anabranch("sessions", "--db", str(db))
     out = sessions.stdout.read() if sessions.stdout else ""

@@ -30,6 +30,7 @@ from tests.crash.harness import (
     KillSwitch,
     check_chain,
     random_kill_points,
+    request_keys,
     transcript,
 )
 from tests.crash.scenario import ScenarioModel
@@ -59,7 +60,8 @@ async def test_sigkill_anywhere_then_resume_by_id_finishes_exactly_once(
         reference = transcript(first.db, first.session_id)
         assert reference.session[0] == "done"
         assert reference.tool_results, "the scenario must call tools"
-        assert not check_chain(first, reference, server.log)
+        sent = request_keys(server.log)
+        assert not check_chain(first, reference, server.log, sent)
 
         compacts = any(run[5] for run in reference.runs)
         events = [e for e in ALL_EVENTS if e != "summary" or compacts]
@@ -70,7 +72,7 @@ async def test_sigkill_anywhere_then_resume_by_id_finishes_exactly_once(
             chains += 1
             log_start = len(server.log)
             chain = await harness.run_chain(tmp_path / f"chain-{chains}", points)
-            problems = check_chain(chain, reference, server.log[log_start:])
+            problems = check_chain(chain, reference, server.log[log_start:], sent)
             assert not problems, (
                 f"chain {chains}, killed at {[str(k) for k in chain.kills]}:\n"
                 + "\n".join(problems)
