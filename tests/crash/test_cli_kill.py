@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import sqlite3
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
