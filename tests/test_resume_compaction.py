@@ -1,0 +1,94 @@
+"""A compaction interrupted by a stop is never half-applied: nothing of it is committed, and
+the resumed run redoes it, ending exactly where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from anabranch import Agent, ContextPolicy, Runtime, ToolContext, tool
+from anabranch.context.messages import ModelRequest, ModelResponse
+from anabranch.runtime.retry import RetryPolicy
+from anabranch.testing import TestModel
+from anabranch.testing.models import is_summary_request
+
+pytest.importorskip("anabranch.runtime.compactor", reason="compaction has not landed yet")
+
+pytestmark = pytest.mark.anyio
+
+FAST = RetryPolicy(base_delay=0.0, max_delay=0.0)
+
+
+@tool
+async def read(part: int, ctx: ToolContext) -> str:
+    """Read one part of the document."""
+    return f"part {part}: " + "lorem ipsum dolor " * 30
+
+
+AGENT = Agent(
+    name="reader",
+    model="reader-model",
+    instructions="Read the parts, then summarize.",
+    tools=[read],
+    context=ContextPolicy(window=1_600, compact_at=0.6, output_reserve=300, keep_recent=2),
+    max_tokens=300,
+)
+
+
+class StopAtSummary:
+    """``TestModel``, except that the first summary request stops the process there."""
+
+    def __init__(self, stop: bool) -> None:
+        self.inner = TestModel(rounds=4)
+        self.stop = stop
+        self.reached = anyio.Event()
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        if self.stop and is_summary_request(request):
+            self.reached.set()
+            await anyio.sleep_forever()
+        return await self.inner.request(request)
+
+
+def committed(db: Path) -> tuple[list[Any], list[Any]]:
+    with closing(sqlite3.connect(db)) as conn:
+        messages = conn.execute("SELECT seq, role, kind, content FROM messages ORDER BY seq")
+        boundaries = conn.execute(
+            "SELECT kind, strategy, status, prefix, ranges, summary FROM boundaries ORDER BY id"
+        )
+        return messages.fetchall(), boundaries.fetchall()
+
+
+async def test_interrupted_compaction_is_redone_not_half_applied(tmp_path: Path) -> None:
+    uninterrupted = tmp_path / "reference.db"
+    async with Runtime(db=uninterrupted, model=StopAtSummary(False), retry=FAST) as rt:
+        expected = await rt.run(AGENT, "Read parts 1 to 4.")
+    want_messages, want_boundaries = committed(uninterrupted)
+    assert want_boundaries, "the scenario must compact"
+
+    db = tmp_path / "s.db"
+    model = StopAtSummary(True)
+    ids: list[str] = []
+    async with Runtime(db=db, model=model, retry=FAST) as rt:
+        async with anyio.create_task_group() as group:
+
+            async def run() -> None:
+                await rt.run(AGENT, "Read parts 1 to 4.", on_session=ids.append)
+
+            group.start_soon(run)
+            await model.reached.wait()
+            group.cancel_scope.cancel()
+
+    messages, boundaries = committed(db)
+    assert boundaries == []  # nothing of the compaction in progress was committed
+    assert messages == [m for m in want_messages[: len(messages)]]
+
+    async with Runtime(db=db, model=StopAtSummary(False), retry=FAST, agents=[AGENT]) as rt:
+        result = await rt.resume(ids[0])
+    assert result.output == expected.output
+    assert committed(db) == (want_messages, want_boundaries)
