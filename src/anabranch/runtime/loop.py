@@ -196,6 +196,16 @@ class AgentRun:
         run.turns = sum(1 for c in calls if c.status == "ok")
         run.appended_since_usage = list(run.context)
         run._restore_usage_anchor(calls, records, boundary.created if boundary else None)
+        if (
+            boundary is not None
+            and boundary.kind == "compaction"
+            and snapshot is not None
+            and snapshot.created < boundary.created
+            and not any(c.created > boundary.created for c in calls)
+        ):
+            # Stopped between a compaction's boundary and its prompt rebuild (two commits):
+            # finish the compaction as the live run would have, before its next call.
+            await run.rebuild_snapshot("compaction")
         return run
 
     def _restore_usage_anchor(
