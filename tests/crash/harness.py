@@ -35,6 +35,7 @@ from typing import Any
 import anyio
 
 from anabranch.context.messages import ModelRequest, ModelResponse, canonical_json
+from anabranch.context.pairing import pairing_violations
 from anabranch.runtime.model import Model
 from anabranch.testing.records import RequestRecord
 from tests.crash.driver import IN_PROCESS_EVENTS, Spec, child_main
@@ -422,6 +423,14 @@ def check_chain(
             )
         if reference_requests - sent:
             problems.append(f"{len(reference_requests - sent)} requests were never sent")
+    unpaired = [
+        problem
+        for record in server_log
+        if record.request is not None
+        for problem in pairing_violations(record.request.messages)
+    ]
+    if unpaired:
+        problems.append(f"requests broke tool_use/tool_result pairing: {unpaired[:3]}")
     errors = [r for r in server_log if r.status not in (200,) or r.error_type is not None]
     if errors:
         problems.append(
