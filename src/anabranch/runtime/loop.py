@@ -318,7 +318,7 @@ class AgentRun:
     def build_request(self) -> ModelRequest:
         """The exact request for the current context, cache breakpoints placed (<= 4)."""
         request = ModelRequest(
-            model=self.record.model,
+            model=self.agent.model,
             system=self.system,
             tools=self.tools,
             messages=tuple(self.context),
