@@ -579,8 +579,10 @@ async def test_context_tokens_use_the_last_usage_plus_an_estimate(tmp_path: Path
         root = await _root(rt, result.session_id)
         run = await AgentRun.load(rt.environment(result.session_id), agent, root)
     assert run.threshold == agent.context.threshold
-    assert run.last_usage is None  # after load: an estimate of the whole request
-    assert run.context_tokens == estimate_request(run.build_request())
+    # After load: anchored on the last committed response, as the live run was (resume).
+    assert run.last_usage is not None and run.appended_since_usage == []
+    usage = run.last_usage
+    assert run.context_tokens == usage.total_input_tokens + usage.output_tokens
     from anabranch.context.messages import Usage
 
     run.last_usage = Usage(input_tokens=100, cache_read_input_tokens=50, output_tokens=7)
