@@ -1,7 +1,7 @@
 """Crash benchmark: the crash test at hundreds of kill points (not run in CI).
 
     PYTHONPATH=src python bench/crash.py --kills 500 [--backend asyncio|trio|both]
-        [--synchronous FULL|NORMAL] [--seed N] [--keep DIR]
+        [--kind agent|graph] [--synchronous FULL|NORMAL] [--seed N] [--keep DIR]
 
 Runs an uninterrupted reference session, then chains of SIGKILLed-and-resumed attempts
 (see ``tests/crash/harness.py``) until ``--kills`` attempts per backend were killed, and
@@ -41,7 +41,9 @@ async def bench(args: argparse.Namespace, backend: str, workdir: Path) -> int:
     switch = KillSwitch(ScenarioModel())
     failures = 0
     async with MessagesServer(policy=switch) as server:
-        harness = Harness(server.base_url, backend, switch, synchronous=args.synchronous)
+        harness = Harness(
+            server.base_url, backend, switch, synchronous=args.synchronous, kind=args.kind
+        )
         first = await harness.run_chain(workdir / "reference", [])
         assert first.session_id is not None
         reference = transcript(first.db, first.session_id)
@@ -67,7 +69,7 @@ async def bench(args: argparse.Namespace, backend: str, workdir: Path) -> int:
         seconds = time.monotonic() - started
     total = sum(killed.values())
     print(
-        f"[{backend}] synchronous={args.synchronous} kills={total} chains={chains} "
+        f"[{backend}] {args.kind} synchronous={args.synchronous} kills={total} chains={chains} "
         f"attempts={attempts} failed_chains={failures} time={seconds:.1f}s "
         f"({seconds / attempts * 1000:.0f} ms/attempt)"
     )
@@ -80,6 +82,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=500)
     parser.add_argument("--backend", choices=["asyncio", "trio", "both"], default="both")
+    parser.add_argument("--kind", choices=["agent", "graph"], default="agent")
     parser.add_argument("--synchronous", choices=["FULL", "NORMAL"], default="FULL")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="keep the databases and logs here")
