@@ -420,38 +420,15 @@ class CompactingPipeline:
 
     async def _call(self, run: AgentRun, request: ModelRequest) -> ModelResponse:
         """One summarizer call, retried like any model call, traced as a child span."""
-        env = run.env
         attempt = 0
         while True:
             attempt += 1
-            with env.tracing.model_call(
-                model=request.model,
-                session_id=env.session_id,
-                agent=run.agent.name,
-                attempt=attempt,
-                compacted=run.compactions > 0,
-                messages=request.messages,
-                system=request.system,
-                purpose="compaction",
-            ) as span:
-                try:
-                    response = await env.model.request(request)
-                except ModelError as error:
-                    env.tracing.model_error(span, error)
-                    too_long = isinstance(error, PromptTooLongError)
-                    if too_long or not env.retry.should_retry(attempt, error):
-                        raise
-                    delay = env.retry.delay(attempt, error)
-                else:
-                    env.tracing.model_response(
-                        span,
-                        response_id=response.id,
-                        response_model=response.model,
-                        stop_reason=response.stop_reason,
-                        usage=response.usage,
-                        output=response.to_message(),
-                    )
-                    return response
+            try:
+                return await run.request_once(request, attempt=attempt, purpose="compaction")
+            except ModelError as error:
+                delay = run.retry_delay(attempt, error)
+                if delay is None:
+                    raise
             await anyio.sleep(delay)
 
     # ------------------------------------------------------------------ store

@@ -438,6 +438,44 @@ class AgentRun:
             self.last_usage = response.usage
             self.appended_since_usage = []
 
+    async def request_once(
+        self, request: ModelRequest, *, attempt: int, purpose: str | None = None
+    ) -> ModelResponse:
+        """One model call attempt, traced as its own ``chat`` span (no retry, no store)."""
+        env = self.env
+        with env.tracing.model_call(
+            model=request.model,
+            session_id=env.session_id,
+            agent=self.agent.name,
+            attempt=attempt,
+            compacted=self.compactions > 0,
+            messages=request.messages,
+            system=request.system,
+            purpose=purpose,
+        ) as span:
+            try:
+                response = await env.model.request(request)
+            except ModelError as error:
+                env.tracing.model_error(span, error)
+                raise
+            env.tracing.model_response(
+                span,
+                response_id=response.id,
+                response_model=response.model,
+                stop_reason=response.stop_reason,
+                usage=response.usage,
+                output=response.to_message(),
+            )
+            return response
+
+    def retry_delay(self, attempt: int, error: ModelError) -> float | None:
+        """Seconds to wait before trying again, or ``None`` when the error is final."""
+        if isinstance(error, PromptTooLongError) or not self.env.retry.should_retry(attempt, error):
+            return None
+        delay = self.env.retry.delay(attempt, error)
+        self.env.tracing.retry_scheduled(error, delay, attempt)
+        return delay
+
     async def call_model(self) -> ModelResponse:
         """One model turn with retries; the call row is committed before each attempt."""
         env = self.env
@@ -461,63 +499,42 @@ class AgentRun:
                 ),
                 (),
             )
-            with env.tracing.model_call(
-                model=request.model,
-                session_id=env.session_id,
-                agent=self.agent.name,
-                attempt=attempt,
-                compacted=self.compactions > 0,
-                messages=request.messages,
-                system=request.system,
-            ) as span:
-                try:
-                    response = await env.model.request(request)
-                except ModelError as error:
-                    env.tracing.model_error(span, error)
-                    await env.store.finish_call(
-                        call_id, status="error", error_type=type(error).__name__, error=str(error)
-                    )
-                    if isinstance(error, PromptTooLongError):
-                        too_long_attempts += 1
-                        if await env.pipeline.on_prompt_too_long(self, error, too_long_attempts):
-                            attempt = 0
-                            continue
-                        raise
-                    if not env.retry.should_retry(attempt, error):
-                        raise
-                    delay = env.retry.delay(attempt, error)
-                    env.tracing.event(
-                        span, "retry", {"error.type": type(error).__name__, "delay": delay}
-                    )
-                else:
-                    message = response.to_message()
-                    await env.store.finish_call(
-                        call_id,
-                        status="ok",
-                        message=MessageRecord(
-                            run_id=self.id,
-                            seq=self.next_seq,
-                            role="assistant",
-                            content=_message_json(message),
-                            created=time.time(),
-                        ),
-                        response_id=response.id,
-                        model=response.model,
-                        stop_reason=response.stop_reason,
-                        usage=canonical_json(response.usage.model_dump(mode="json")),
-                    )
-                    self.next_seq += 1
-                    env.tracing.model_response(
-                        span,
-                        response_id=response.id,
-                        response_model=response.model,
-                        stop_reason=response.stop_reason,
-                        usage=response.usage,
-                        output=message,
-                    )
-                    await self.after_response(call_id, response)
-                    return response
-            await anyio.sleep(delay)
+            try:
+                response = await self.request_once(request, attempt=attempt)
+            except ModelError as error:
+                await env.store.finish_call(
+                    call_id, status="error", error_type=type(error).__name__, error=str(error)
+                )
+                if isinstance(error, PromptTooLongError):
+                    too_long_attempts += 1
+                    if await env.pipeline.on_prompt_too_long(self, error, too_long_attempts):
+                        attempt = 0
+                        continue
+                    raise
+                delay = self.retry_delay(attempt, error)
+                if delay is None:
+                    raise
+                await anyio.sleep(delay)
+                continue
+            message = response.to_message()
+            await env.store.finish_call(
+                call_id,
+                status="ok",
+                message=MessageRecord(
+                    run_id=self.id,
+                    seq=self.next_seq,
+                    role="assistant",
+                    content=_message_json(message),
+                    created=time.time(),
+                ),
+                response_id=response.id,
+                model=response.model,
+                stop_reason=response.stop_reason,
+                usage=canonical_json(response.usage.model_dump(mode="json")),
+            )
+            self.next_seq += 1
+            await self.after_response(call_id, response)
+            return response
 
     async def after_response(self, call_id: int, response: ModelResponse) -> None:
         """Records a cache break if this call read less cache than it could; then runs the

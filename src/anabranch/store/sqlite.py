@@ -526,7 +526,8 @@ class SQLiteStore:
 
         def write(conn: sqlite3.Connection) -> list[CallRecord]:
             rows = self._rows(
-                conn, self._CALL_SQL + " WHERE c.run_id = ? AND o.id IS NULL ORDER BY c.id",
+                conn,
+                self._CALL_SQL + " WHERE c.run_id = ? AND o.id IS NULL ORDER BY c.id",
                 (run_id,),
             )
             now = time.time()

@@ -338,6 +338,18 @@ class Tracing:
         except Exception:  # pragma: no cover
             _log.debug("could not set span status", exc_info=True)
 
+    def retry_scheduled(self, error: BaseException, delay: float, attempt: int) -> None:
+        """An ``anabranch.retry`` event on the current span: a failed attempt will be retried."""
+        self.event(
+            trace.get_current_span(),
+            "anabranch.retry",
+            {
+                "error.type": type(error).__name__,
+                "anabranch.retry.delay": delay,
+                "anabranch.attempt": attempt,
+            },
+        )
+
     # ------------------------------------------------------------------ tools
     @contextmanager
     def tool_call(
