@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -439,9 +439,18 @@ class AgentRun:
             self.appended_since_usage = []
 
     async def request_once(
-        self, request: ModelRequest, *, attempt: int, purpose: str | None = None
+        self,
+        request: ModelRequest,
+        *,
+        attempt: int,
+        purpose: str | None = None,
+        on_response: Callable[[ModelResponse], Awaitable[None]] | None = None,
     ) -> ModelResponse:
-        """One model call attempt, traced as its own ``chat`` span (no retry, no store)."""
+        """One model call attempt, traced as its own ``chat`` span (no retry).
+
+        ``on_response`` runs inside the span, so what it records (the commit, a cache-break
+        event) belongs to this call.
+        """
         env = self.env
         with env.tracing.model_call(
             model=request.model,
@@ -466,6 +475,8 @@ class AgentRun:
                 usage=response.usage,
                 output=response.to_message(),
             )
+            if on_response is not None:
+                await on_response(response)
             return response
 
     def retry_delay(self, attempt: int, error: ModelError) -> float | None:
@@ -499,8 +510,29 @@ class AgentRun:
                 ),
                 (),
             )
+
+            async def commit(response: ModelResponse, call_id: int = call_id) -> None:
+                message = response.to_message()
+                await env.store.finish_call(
+                    call_id,
+                    status="ok",
+                    message=MessageRecord(
+                        run_id=self.id,
+                        seq=self.next_seq,
+                        role="assistant",
+                        content=_message_json(message),
+                        created=time.time(),
+                    ),
+                    response_id=response.id,
+                    model=response.model,
+                    stop_reason=response.stop_reason,
+                    usage=canonical_json(response.usage.model_dump(mode="json")),
+                )
+                self.next_seq += 1
+                await self.after_response(call_id, response)
+
             try:
-                response = await self.request_once(request, attempt=attempt)
+                return await self.request_once(request, attempt=attempt, on_response=commit)
             except ModelError as error:
                 await env.store.finish_call(
                     call_id, status="error", error_type=type(error).__name__, error=str(error)
@@ -514,27 +546,7 @@ class AgentRun:
                 delay = self.retry_delay(attempt, error)
                 if delay is None:
                     raise
-                await anyio.sleep(delay)
-                continue
-            message = response.to_message()
-            await env.store.finish_call(
-                call_id,
-                status="ok",
-                message=MessageRecord(
-                    run_id=self.id,
-                    seq=self.next_seq,
-                    role="assistant",
-                    content=_message_json(message),
-                    created=time.time(),
-                ),
-                response_id=response.id,
-                model=response.model,
-                stop_reason=response.stop_reason,
-                usage=canonical_json(response.usage.model_dump(mode="json")),
-            )
-            self.next_seq += 1
-            await self.after_response(call_id, response)
-            return response
+            await anyio.sleep(delay)
 
     async def after_response(self, call_id: int, response: ModelResponse) -> None:
         """Records a cache break if this call read less cache than it could; then runs the
