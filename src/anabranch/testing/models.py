@@ -56,7 +56,9 @@ def _resolve(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def _value_for(name: str, schema: dict[str, Any], root: dict[str, Any], seed: int) -> Any:
+def _value_for(
+    name: str, schema: dict[str, Any], root: dict[str, Any], seed: int, hint: str = ""
+) -> Any:
     schema = _resolve(schema, root)
     if "enum" in schema:
         return schema["enum"][seed % len(schema["enum"])]
@@ -67,7 +69,8 @@ def _value_for(name: str, schema: dict[str, Any], root: dict[str, Any], seed: in
     for key in ("anyOf", "oneOf"):
         if key in schema:
             options = [o for o in schema[key] if _resolve(o, root).get("type") != "null"]
-            return _value_for(name, options[0] if options else schema[key][0], root, seed)
+            chosen = options[0] if options else schema[key][0]
+            return _value_for(name, chosen, root, seed, hint)
     kind = schema.get("type", "string")
     if kind == "integer":
         return max(int(schema.get("minimum", 1)), 1 if "minimum" not in schema else 0)
@@ -78,24 +81,34 @@ def _value_for(name: str, schema: dict[str, Any], root: dict[str, Any], seed: in
     if kind == "null":
         return None
     if kind == "array":
-        item = _value_for(name, schema.get("items", {}), root, seed)
+        item = _value_for(name, schema.get("items", {}), root, seed, hint)
         return [item] * max(int(schema.get("minItems", 1)), 1)
     if kind == "object":
-        return arguments_for_schema(schema, root=root, seed=seed)
+        return arguments_for_schema(schema, root=root, seed=seed, hint=hint)
     text = f"{name} {seed + 1}"
+    constrained = "pattern" in schema or "format" in schema
+    if hint and not constrained and len(hint) <= int(schema.get("maxLength", len(hint))):
+        text = hint
     min_length = int(schema.get("minLength", 0))
     return text.ljust(min_length, "x")
 
 
 def arguments_for_schema(
-    schema: dict[str, Any], *, root: dict[str, Any] | None = None, seed: int = 0
+    schema: dict[str, Any],
+    *,
+    root: dict[str, Any] | None = None,
+    seed: int = 0,
+    hint: str = "",
 ) -> dict[str, Any]:
-    """Schema-valid arguments for an object schema (required properties only)."""
+    """Schema-valid arguments for an object schema (required properties only).
+
+    Free-text string properties get ``hint`` (e.g. the task) when it fits their schema.
+    """
     root = root if root is not None else schema
     properties: dict[str, Any] = schema.get("properties", {})
     required = schema.get("required", list(properties))
     return {
-        name: _value_for(name, properties[name], root, seed)
+        name: _value_for(name, properties[name], root, seed, hint)
         for name in required
         if name in properties
     }
@@ -130,7 +143,7 @@ class TestModel:
         self,
         *,
         rounds: int = 1,
-        report_chars: int = 120,
+        report_chars: int = 240,
         skip_tools: Collection[str] = ("recall",),
     ) -> None:
         if rounds < 0:
@@ -182,6 +195,7 @@ class TestModel:
             canonical_json([len(request.messages), request.messages[-1].text]).encode()
         ).hexdigest()
         blocks: list[Block] = []
+        hint = " ".join(self._asked(request.messages).split())[:200]
         for definition in tools:
             for seed in range(_enum_fanout(definition)):
                 call_id = hashlib.sha256(
@@ -191,7 +205,7 @@ class TestModel:
                     ToolUseBlock(
                         id=f"toolu_{call_id}r{round_index}",
                         name=definition.name,
-                        input=arguments_for_schema(definition.input_schema, seed=seed),
+                        input=arguments_for_schema(definition.input_schema, seed=seed, hint=hint),
                     )
                 )
         return blocks
