@@ -6,7 +6,9 @@ in translation, but our own types: provider types stay inside the model clients.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import weakref
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -27,6 +29,7 @@ __all__ = [
     "Usage",
     "canonical_json",
     "messages_from_json",
+    "message_digest",
     "messages_to_json",
 ]
 
@@ -110,6 +113,67 @@ class Message(_Frozen):
 
 MessageList = TypeAdapter(list[Message])
 
+_DIGESTS: dict[int, bytes] = {}
+"""Digest of each live message, by ``id``; an entry is dropped when its message dies."""
+_DIGEST_REFS: dict[int, weakref.ref[Message]] = {}
+
+
+def _forget(key: int) -> None:
+    _DIGESTS.pop(key, None)
+    _DIGEST_REFS.pop(key, None)
+
+
+def message_digest(message: Message) -> bytes:
+    """SHA-256 of the message's canonical JSON, computed once per message object."""
+    key = id(message)
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        digest = hashlib.sha256(canonical_json(message.model_dump(mode="json")).encode()).digest()
+        _DIGESTS[key] = digest
+        _DIGEST_REFS[key] = weakref.ref(message, lambda _ref: _forget(key))
+    return digest
+
+
+def messages_digest(messages: tuple[Message, ...] | list[Message]) -> bytes:
+    """The concatenated per-message digests (a C-speed lookup per already-hashed message)."""
+    found = list(map(_DIGESTS.get, map(id, messages)))
+    if None not in found:
+        return b"".join(found)  # type: ignore[arg-type]
+    return b"".join(
+        d if d is not None else message_digest(m) for d, m in zip(found, messages, strict=True)
+    )
+
+
+_PREFIXES: dict[int, tuple[tuple[Message, ...], Any]] = {}
+"""Recent message tuples (by ``id`` of their first message) with the hash state after them."""
+_PREFIX_LIMIT = 32
+
+
+def _messages_hash(messages: tuple[Message, ...]) -> bytes:
+    """Hash of the message digests in order, extending a recent request's prefix if it can.
+
+    A conversation's next request usually repeats the previous one's messages and adds a
+    few: those are recognised by tuple equality (identity first, so it is cheap) and only
+    the new messages are hashed. Holds at most ``_PREFIX_LIMIT`` recent tuples.
+    """
+    if not messages:
+        return hashlib.sha256().digest()
+    key = id(messages[0])
+    cached = _PREFIXES.pop(key, None)
+    if (
+        cached is not None
+        and len(cached[0]) <= len(messages)
+        and (messages[: len(cached[0])] == cached[0])
+    ):
+        state = cached[1].copy()
+        state.update(messages_digest(messages[len(cached[0]) :]))
+    else:
+        state = hashlib.sha256(messages_digest(messages))
+    _PREFIXES[key] = (messages, state.copy())
+    while len(_PREFIXES) > _PREFIX_LIMIT:
+        del _PREFIXES[next(iter(_PREFIXES))]
+    return bytes(state.digest())
+
 
 def messages_to_json(messages: list[Message]) -> str:
     return MessageList.dump_json(messages).decode()
@@ -177,9 +241,14 @@ class ModelRequest(_Frozen):
     """Cache breakpoints on the last block of ``messages[i]``, as (i, ttl)."""
 
     def fingerprint(self) -> str:
-        import hashlib
-
-        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
+        """SHA-256 over the canonical JSON of everything but the messages, then a hash of
+        each message's own digest in order. Messages are frozen, so each is serialized once
+        and a growing conversation hashes only what is new: the cost stays flat in its
+        length instead of re-serializing the whole history on every call."""
+        head = canonical_json(self.model_dump(mode="json", exclude={"messages"}))
+        digest = hashlib.sha256(head.encode())
+        digest.update(_messages_hash(self.messages))
+        return digest.hexdigest()
 
     def breakpoint_count(self) -> int:
         return (

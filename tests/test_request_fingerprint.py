@@ -1,0 +1,74 @@
+"""The request fingerprint is a pure function of the request, however it is computed."""
+
+from __future__ import annotations
+
+import hashlib
+
+from anabranch.context import messages as messages_module
+from anabranch.context.messages import (
+    Message,
+    ModelRequest,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    canonical_json,
+)
+
+
+def _conversation(turns: int) -> list[Message]:
+    out: list[Message] = []
+    for i in range(turns):
+        out += [
+            Message.user(f"question {i}"),
+            Message(
+                role="assistant",
+                content=(ToolUseBlock(id=f"t{i}", name="lookup", input={"q": i}),),
+            ),
+            Message(role="user", content=(ToolResultBlock(tool_use_id=f"t{i}", content="r" * i),)),
+            Message(role="assistant", content=(TextBlock(text=f"answer {i}"),)),
+        ]
+    return out
+
+
+def _uncached(request: ModelRequest) -> str:
+    messages_module._PREFIXES.clear()
+    messages_module._DIGESTS.clear()
+    messages_module._DIGEST_REFS.clear()
+    return request.fingerprint()
+
+
+def test_incremental_fingerprint_equals_a_fresh_computation() -> None:
+    history = _conversation(30)
+    seen = []
+    for end in range(1, len(history) + 1):
+        seen.append(ModelRequest(model="m", messages=tuple(history[:end])).fingerprint())
+    for end in (1, 7, len(history)):
+        request = ModelRequest(model="m", messages=tuple(history[:end]))
+        assert _uncached(request) == seen[end - 1]
+    assert len(set(seen)) == len(seen)
+
+
+def test_equal_content_in_new_objects_gives_the_same_fingerprint() -> None:
+    history = _conversation(5)
+    copies = [Message.model_validate(m.model_dump()) for m in history]
+    a = ModelRequest(model="m", messages=tuple(history)).fingerprint()
+    b = ModelRequest(model="m", messages=tuple(copies)).fingerprint()
+    assert a == b
+
+
+def test_any_change_changes_the_fingerprint() -> None:
+    history = _conversation(5)
+    base = ModelRequest(model="m", messages=tuple(history))
+    fingerprint = base.fingerprint()
+    edited = [*history[:3], Message.user("something else"), *history[4:]]  # a middle message
+    assert ModelRequest(model="m", messages=tuple(edited)).fingerprint() != fingerprint
+    assert base.model_copy(update={"model": "n"}).fingerprint() != fingerprint
+    assert base.model_copy(update={"max_tokens": 5}).fingerprint() != fingerprint
+    assert ModelRequest(model="m", messages=tuple(history[1:])).fingerprint() != fingerprint
+    assert base.fingerprint() == fingerprint  # and the original is unchanged after all that
+
+
+def test_message_digest_is_the_canonical_json_hash() -> None:
+    message = Message.user("hello")
+    expected = hashlib.sha256(canonical_json(message.model_dump(mode="json")).encode()).digest()
+    assert messages_module.message_digest(message) == expected
