@@ -8,7 +8,9 @@ from anabranch.context import messages as messages_module
 from anabranch.context.messages import (
     Message,
     ModelRequest,
+    SystemBlock,
     TextBlock,
+    ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
     canonical_json,
@@ -64,6 +66,11 @@ def test_any_change_changes_the_fingerprint() -> None:
     assert ModelRequest(model="m", messages=tuple(edited)).fingerprint() != fingerprint
     assert base.model_copy(update={"model": "n"}).fingerprint() != fingerprint
     assert base.model_copy(update={"max_tokens": 5}).fingerprint() != fingerprint
+    with_system = base.model_copy(update={"system": (SystemBlock(text="be brief"),)})
+    assert with_system.fingerprint() != fingerprint
+    tool = ToolDefinition(name="t", description="d", input_schema={"type": "object"})
+    with_tool = with_system.model_copy(update={"tools": (tool,)})
+    assert with_tool.fingerprint() not in (fingerprint, with_system.fingerprint())
     assert ModelRequest(model="m", messages=tuple(history[1:])).fingerprint() != fingerprint
     assert base.fingerprint() == fingerprint  # and the original is unchanged after all that
 

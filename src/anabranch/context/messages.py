@@ -149,6 +149,28 @@ _PREFIXES: dict[int, tuple[tuple[Message, ...], Any]] = {}
 _PREFIX_LIMIT = 32
 
 
+_PROMPTS: dict[tuple[int, int], tuple[Any, Any, str]] = {}
+
+
+def _prompt_json(system: tuple[SystemBlock, ...], tools: tuple[ToolDefinition, ...]) -> str:
+    """Canonical JSON of a request's system blocks and tools, reused while they are the
+    same objects (a run keeps its snapshot's tuples from call to call)."""
+    key = (id(system), id(tools))
+    cached = _PROMPTS.get(key)
+    if cached is not None and cached[0] is system and cached[1] is tools:
+        return cached[2]
+    text = canonical_json(
+        {
+            "system": [b.model_dump(mode="json") for b in system],
+            "tools": [t.model_dump(mode="json") for t in tools],
+        }
+    )
+    _PROMPTS[key] = (system, tools, text)
+    while len(_PROMPTS) > _PREFIX_LIMIT:
+        del _PROMPTS[next(iter(_PROMPTS))]
+    return text
+
+
 def _messages_hash(messages: tuple[Message, ...]) -> bytes:
     """Hash of the message digests in order, extending a recent request's prefix if it can.
 
@@ -245,8 +267,13 @@ class ModelRequest(_Frozen):
         each message's own digest in order. Messages are frozen, so each is serialized once
         and a growing conversation hashes only what is new: the cost stays flat in its
         length instead of re-serializing the whole history on every call."""
-        head = canonical_json(self.model_dump(mode="json", exclude={"messages"}))
-        digest = hashlib.sha256(head.encode())
+        digest = hashlib.sha256(_prompt_json(self.system, self.tools).encode())
+        head = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "message_breakpoints": [list(b) for b in self.message_breakpoints],
+        }
+        digest.update(canonical_json(head).encode())
         digest.update(_messages_hash(self.messages))
         return digest.hexdigest()
 

@@ -111,6 +111,10 @@ class AgentRun:
         self.last_usage: Usage | None = None
         self.appended_since_usage: list[Message] = []
         self.compactions = 0
+        self._fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None = None
+        """Tool calls of the response just committed here, and those marked started with it."""
+        self._results_events: list[ToolEventRecord] = []
+        """The last tool's ``finished`` event, committed with the results message."""
 
     # ------------------------------------------------------------------ creation
     @property
@@ -369,10 +373,16 @@ class AgentRun:
             for offset, message in enumerate(messages)
         ]
 
-    async def append(self, *messages: Message, kind: str = "message") -> None:
-        """Commit messages to the store, then add them to the context."""
+    async def append(
+        self,
+        *messages: Message,
+        kind: str = "message",
+        tool_events: Sequence[ToolEventRecord] = (),
+    ) -> None:
+        """Commit messages (and ``tool_events``, in the same transaction) to the store, then
+        add them to the context."""
         records = self.message_records(messages, kind)
-        await self.env.store.append_messages(records)
+        await self.env.store.append_messages(records, tool_events=tool_events)
         self.next_seq += len(records)
         self.context.extend(messages)
         self.appended_since_usage.extend(messages)
@@ -422,7 +432,10 @@ class AgentRun:
             if last.role == "assistant":
                 if last.tool_uses:
                     results = await self.run_tools(last.tool_uses)
-                    await self.append(Message(role="user", content=tuple(results)))
+                    events, self._results_events = self._results_events, []
+                    await self.append(
+                        Message(role="user", content=tuple(results)), tool_events=events
+                    )
                     continue
                 output = last.text
                 await self.env.store.finish_run(self.id, "done", output=output)
@@ -513,6 +526,7 @@ class AgentRun:
 
             async def commit(response: ModelResponse, call_id: int = call_id) -> None:
                 message = response.to_message()
+                started = self._started_events(message.tool_uses)
                 await env.store.finish_call(
                     call_id,
                     status="ok",
@@ -527,8 +541,13 @@ class AgentRun:
                     model=response.model,
                     stop_reason=response.stop_reason,
                     usage=canonical_json(response.usage.model_dump(mode="json")),
+                    tool_events=started,
                 )
                 self.next_seq += 1
+                self._fresh_tools = (
+                    tuple(u.id for u in message.tool_uses),
+                    frozenset(e.call_id for e in started),
+                )
                 await self.after_response(call_id, response)
 
             try:
@@ -558,20 +577,45 @@ class AgentRun:
 
     # ------------------------------------------------------------------ tools
     async def run_tools(self, uses: Sequence[ToolUseBlock]) -> list[ToolResultBlock]:
-        """Results for every tool_use, running only those without a committed result."""
-        events = await self.env.store.tool_events(self.id, [u.id for u in uses])
-        finished = {e.call_id: e for e in events if e.event == "finished"}
-        started = {e.call_id for e in events if e.event == "started"}
+        """Results for every tool_use, running only those without a committed result.
+
+        Each result is committed as it finishes, except the last one's, which the caller
+        commits together with the results message (``_results_events``).
+        """
+        fresh, self._fresh_tools = self._fresh_tools, None
+        if fresh is not None and fresh[0] == tuple(u.id for u in uses):
+            # answered in this process a moment ago: nothing of it can have finished yet
+            finished: dict[str, ToolEventRecord] = {}
+            started: set[str] = set()
+            marked = fresh[1]
+        else:
+            events = await self.env.store.tool_events(self.id, [u.id for u in uses])
+            finished = {e.call_id: e for e in events if e.event == "finished"}
+            started = {e.call_id for e in events if e.event == "started"}
+            marked = frozenset()
         outcomes: dict[str, ToolOutcome] = {
             call_id: ToolOutcome(e.content or "", e.is_error) for call_id, e in finished.items()
         }
+        todo = [use for use in uses if use.id not in finished]
+        remaining = len(todo)
 
         async def run_one(use: ToolUseBlock) -> None:
-            outcomes[use.id] = await self._run_tool(use, interrupted=use.id in started)
+            nonlocal remaining
+            outcome = await self._run_tool(
+                use, interrupted=use.id in started, marked=use.id in marked
+            )
+            outcomes[use.id] = outcome
+            remaining -= 1
+            if remaining:
+                await self.env.store.record_tool_event(self._finished_event(use, outcome))
+            else:  # its content goes in the results message, in the same transaction
+                self._results_events = [self._finished_event(use, outcome, content=False)]
 
-        async with anyio.create_task_group() as group:
-            for use in uses:
-                if use.id not in finished:
+        if len(todo) == 1:
+            await run_one(todo[0])
+        elif todo:
+            async with anyio.create_task_group() as group:
+                for use in todo:
                     group.start_soon(run_one, use)
         results = []
         for use in uses:
@@ -583,12 +627,39 @@ class AgentRun:
             )
         return results
 
+    def _started_events(self, uses: Sequence[ToolUseBlock]) -> list[ToolEventRecord]:
+        """``started`` events for the calls that will run, committed with the response."""
+        now = time.time()
+        return [
+            ToolEventRecord(
+                run_id=self.id, call_id=use.id, name=use.name, event="started", created=now
+            )
+            for use in uses
+            if self.agent.tool(use.name) is not None or self._builtin(use.name) is not None
+        ]
+
+    def _finished_event(
+        self, use: ToolUseBlock, outcome: ToolOutcome, *, content: bool = True
+    ) -> ToolEventRecord:
+        return ToolEventRecord(
+            run_id=self.id,
+            call_id=use.id,
+            name=use.name,
+            event="finished",
+            created=time.time(),
+            content=outcome.content if content else None,
+            is_error=outcome.is_error,
+        )
+
     def _builtin(self, name: str) -> BuiltinTool | None:
         return next(
             (b for b in self.env.builtins if b.name == name and b.applies_to(self.agent)), None
         )
 
-    async def _run_tool(self, use: ToolUseBlock, *, interrupted: bool) -> ToolOutcome:
+    async def _run_tool(
+        self, use: ToolUseBlock, *, interrupted: bool, marked: bool = False
+    ) -> ToolOutcome:
+        """Run one call (``marked``: its ``started`` event is already committed)."""
         tool = self.agent.tool(use.name)
         builtin = None if tool else self._builtin(use.name)
         store = self.env.store
@@ -601,15 +672,16 @@ class AgentRun:
         elif interrupted and tool is not None and tool.on_interrupt == "report":
             outcome = ToolOutcome(INTERRUPTED_REPORT, is_error=True)
         else:
-            await store.record_tool_event(
-                ToolEventRecord(
-                    run_id=self.id,
-                    call_id=use.id,
-                    name=use.name,
-                    event="started",
-                    created=time.time(),
+            if not marked:
+                await store.record_tool_event(
+                    ToolEventRecord(
+                        run_id=self.id,
+                        call_id=use.id,
+                        name=use.name,
+                        event="started",
+                        created=time.time(),
+                    )
                 )
-            )
             with self.env.tracing.tool_call(
                 tool=use.name,
                 call_id=use.id,
@@ -630,15 +702,4 @@ class AgentRun:
                     assert builtin is not None
                     outcome = await builtin.run(self, use)
                 self.env.tracing.tool_result(span, outcome.content, outcome.is_error)
-        await store.record_tool_event(
-            ToolEventRecord(
-                run_id=self.id,
-                call_id=use.id,
-                name=use.name,
-                event="finished",
-                created=time.time(),
-                content=outcome.content,
-                is_error=outcome.is_error,
-            )
-        )
         return outcome

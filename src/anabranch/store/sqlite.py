@@ -1,10 +1,14 @@
 """``SQLiteStore``: the write-ahead store on one SQLite file.
 
 Invariants:
-- One connection, one worker thread: every statement runs through a ``CapacityLimiter(1)``,
-  so there is a single writer and never ``database is locked`` between our own tasks.
-- Every write is one ``BEGIN IMMEDIATE ... COMMIT`` transaction, shielded from cancellation:
-  a cancelled run leaves either the whole write or none of it.
+- One connection, one worker thread at a time: every statement runs under a
+  ``CapacityLimiter(1)``, so there is a single writer and never ``database is locked``
+  between our own tasks.
+- Every write is atomic and shielded from cancellation: a cancelled run leaves either the
+  whole write or none of it, and a write returns only once it is committed.
+- Group commit: writes that arrive while a transaction is being committed are committed
+  together in the next one (each in its own savepoint, so one write's error rolls back
+  only that write). A lone writer still gets its own ``BEGIN IMMEDIATE ... COMMIT``.
 - The file is created owner-only (0600); WAL mode; ``synchronous=FULL`` unless told otherwise.
 - Opening never writes to a file that is not an anabranch database.
 """
@@ -18,7 +22,7 @@ import socket
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -65,6 +69,45 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+@dataclass(eq=False)
+class _Write:
+    """One queued write: its function, and once committed, its result or error."""
+
+    fn: Callable[[sqlite3.Connection], Any]
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    wake: anyio.Event | None = None
+    """Made when the write has to wait; set when it is committed or should lead next."""
+
+
+def _commit_batch(conn: sqlite3.Connection, batch: list[_Write]) -> None:
+    """Run ``batch`` in one transaction; each write in a savepoint when there are several."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        if len(batch) == 1:
+            batch[0].result = batch[0].fn(conn)
+        else:
+            for write in batch:
+                conn.execute("SAVEPOINT anabranch_write")
+                try:
+                    write.result = write.fn(conn)
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO anabranch_write")
+                    write.error = exc
+                conn.execute("RELEASE anabranch_write")
+        conn.execute("COMMIT")
+    except BaseException as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        for write in batch:
+            write.error = write.error or exc
+            write.result = None
+    finally:
+        for write in batch:
+            write.done = True
+
+
 class SQLiteStore:
     """Async store over one SQLite file. Open with ``await SQLiteStore.open(path)``."""
 
@@ -73,6 +116,10 @@ class SQLiteStore:
         self._conn = conn
         self._db = sqlite_utils.Database(conn)
         self._limiter = limiter
+        """Held by whoever uses the connection (a task, for the length of its statement)."""
+        self._thread = anyio.CapacityLimiter(1)
+        self._queue: list[_Write] = []
+        self._committing = False
         self._closed = False
 
     # ----------------------------------------------------------------- lifecycle
@@ -189,7 +236,8 @@ class SQLiteStore:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._conn.close, limiter=self._limiter)
+            async with self._limiter:
+                await anyio.to_thread.run_sync(self._conn.close, limiter=self._thread)
 
     async def __aenter__(self) -> SQLiteStore:
         return self
@@ -199,22 +247,52 @@ class SQLiteStore:
 
     # ----------------------------------------------------------------- plumbing
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return await anyio.to_thread.run_sync(fn, self._conn, limiter=self._limiter)
+        async with self._limiter:
+            return await anyio.to_thread.run_sync(fn, self._conn, limiter=self._thread)
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        def run(conn: sqlite3.Connection) -> T:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return result
+        """Commit ``fn``'s statements atomically (possibly together with other writes).
 
+        The first writer to find no commit in progress leads: it commits every queued
+        write in one transaction, then wakes them and the first writer queued meanwhile,
+        which leads the next commit.
+        """
+        write = _Write(fn)
+        self._queue.append(write)
         with anyio.CancelScope(shield=True):
-            result = await anyio.to_thread.run_sync(run, self._conn, limiter=self._limiter)
+            while not write.done:
+                if self._committing:
+                    write.wake = anyio.Event()
+                    await write.wake.wait()
+                    continue
+                await self._commit_queue()
+        if write.error is not None:
+            raise write.error
+        result: T = write.result
         return result
+
+    async def _commit_queue(self) -> None:
+        self._committing = True
+        batch, self._queue = self._queue, []
+        try:
+            async with self._limiter:
+                await anyio.to_thread.run_sync(
+                    _commit_batch, self._conn, batch, limiter=self._thread
+                )
+        except BaseException as exc:  # the batch never ran: fail its writes, not hang them
+            for write in batch:
+                if not write.done:
+                    write.error, write.done = exc, True
+            raise
+        finally:
+            self._committing = False
+            # wake the next leader first: its commit then overlaps with this batch's
+            # writers going on with their work
+            if self._queue and self._queue[0].wake is not None:
+                self._queue[0].wake.set()
+            for write in batch:
+                if write.wake is not None:
+                    write.wake.set()
 
     @staticmethod
     def _insert(conn: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
@@ -450,15 +528,20 @@ class SQLiteStore:
             "created": message.created or time.time(),
         }
 
-    async def append_messages(self, messages: Sequence[MessageRecord]) -> None:
-        """Commit messages in one transaction."""
+    async def append_messages(
+        self, messages: Sequence[MessageRecord], *, tool_events: Sequence[ToolEventRecord] = ()
+    ) -> None:
+        """Commit messages (and tool events that belong with them) in one transaction."""
         values = [self._message_values(m) for m in messages]
+        events = [self._tool_event_values(e) for e in tool_events]
 
         def write(conn: sqlite3.Connection) -> None:
+            for event in events:
+                self._insert(conn, "tool_events", event)
             for value in values:
                 self._insert(conn, "messages", value)
 
-        if values:
+        if values or events:
             await self._write(write)
 
     async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
@@ -494,9 +577,12 @@ class SQLiteStore:
         model: str | None = None,
         stop_reason: str | None = None,
         usage: str | None = None,
+        tool_events: Sequence[ToolEventRecord] = (),
     ) -> None:
-        """Commit the call's outcome (and the assistant message) in one transaction."""
+        """Commit the call's outcome (and the assistant message, and the ``started`` events
+        of the tool calls it asks for) in one transaction."""
         message_values = self._message_values(message) if message else None
+        events = [self._tool_event_values(e) for e in tool_events]
         outcome = {
             "call_id": call_id,
             "status": status,
@@ -514,6 +600,8 @@ class SQLiteStore:
             if message_values:
                 self._insert(conn, "messages", message_values)
             self._insert(conn, "call_outcomes", outcome)
+            for event in events:
+                self._insert(conn, "tool_events", event)
 
         await self._write(write)
 
@@ -605,8 +693,9 @@ class SQLiteStore:
         return [CallRecord(**row) for row in rows]
 
     # ----------------------------------------------------------------- tools
-    async def record_tool_event(self, event: ToolEventRecord) -> None:
-        values = {
+    @staticmethod
+    def _tool_event_values(event: ToolEventRecord) -> dict[str, Any]:
+        return {
             "run_id": event.run_id,
             "call_id": event.call_id,
             "name": event.name,
@@ -615,6 +704,9 @@ class SQLiteStore:
             "is_error": int(event.is_error),
             "created": event.created,
         }
+
+    async def record_tool_event(self, event: ToolEventRecord) -> None:
+        values = self._tool_event_values(event)
         await self._write(lambda conn: self._insert(conn, "tool_events", values))
 
     async def tool_events(self, run_id: str, call_ids: Sequence[str]) -> list[ToolEventRecord]:

@@ -1,0 +1,120 @@
+"""Tool calls across crashes: what is committed with the response, with each result, and
+with the results message decides what a resumed run runs again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from anabranch import Agent, Runtime, tool
+from anabranch.context.messages import ModelRequest, TextBlock, ToolUseBlock
+from anabranch.runtime.loop import INTERRUPTED_REPORT
+from anabranch.testing import FunctionModel
+
+pytestmark = pytest.mark.anyio
+
+
+class Crash(BaseException):
+    """Stands in for the process dying."""
+
+
+def _model(*names: str) -> FunctionModel:
+    def answer(request: ModelRequest) -> list[TextBlock | ToolUseBlock] | str:
+        results = [b for m in request.messages for b in m.tool_results]
+        if results:
+            return "done: " + " | ".join(r.content for r in results)
+        return [ToolUseBlock(id=f"toolu_{n}", name=n, input={}) for n in names]
+
+    return FunctionModel(answer)
+
+
+async def _events(rt: Runtime) -> list[dict[str, object]]:
+    return await rt.store.query("SELECT call_id, event, content FROM tool_events ORDER BY id")
+
+
+async def test_one_tool_result_is_stored_once(tmp_path: Path) -> None:
+    @tool
+    def fetch() -> str:
+        """Fetch."""
+        return "payload " * 50
+
+    agent = Agent(name="a", tools=[fetch])
+    async with Runtime(tmp_path / "db", model=_model("fetch")) as rt:
+        result = await rt.run(agent, "go")
+        events = await _events(rt)
+        messages = await rt.store.query("SELECT content FROM messages WHERE role = 'user'")
+    assert result.output.startswith("done: payload")
+    assert [(e["call_id"], e["event"]) for e in events] == [
+        ("toolu_fetch", "started"),
+        ("toolu_fetch", "finished"),
+    ]
+    # the result is in the results message, committed with the finished event
+    assert events[1]["content"] is None
+    assert any("payload payload" in str(m["content"]) for m in messages)
+
+
+@pytest.mark.parametrize("on_interrupt", ["retry", "report"])
+async def test_a_tool_cut_off_mid_call_is_rerun_or_reported(
+    tmp_path: Path, on_interrupt: str
+) -> None:
+    calls: list[str] = []
+
+    @tool(on_interrupt=on_interrupt)  # type: ignore[call-overload]
+    async def pay() -> str:
+        """Pay."""
+        calls.append("pay")
+        if len(calls) == 1:
+            raise Crash
+        return "paid"
+
+    agent = Agent(name="a", tools=[pay])
+    db = tmp_path / "db"
+    async with Runtime(db, model=_model("pay")) as rt:
+        with pytest.raises((Crash, BaseExceptionGroup)):
+            await rt.run(agent, "go")
+    async with Runtime(db, model=_model("pay")) as rt:
+        session_id = (await rt.store.list_sessions())[0].id
+        result = await rt.resume(session_id, agent)
+    if on_interrupt == "retry":
+        assert calls == ["pay", "pay"]
+        assert result.output == "done: paid"
+    else:
+        assert calls == ["pay"]
+        assert result.output == "done: " + INTERRUPTED_REPORT
+
+
+async def test_a_finished_tool_is_not_run_again(tmp_path: Path) -> None:
+    runs: dict[str, int] = {"fast": 0, "slow": 0}
+
+    @tool
+    async def fast() -> str:
+        """Fast."""
+        runs["fast"] += 1
+        return "fast result"
+
+    @tool
+    async def slow() -> str:
+        """Slow."""
+        import anyio
+
+        runs["slow"] += 1
+        await anyio.sleep(0.05)
+        if runs["slow"] == 1:
+            raise Crash
+        return "slow result"
+
+    agent = Agent(name="a", tools=[fast, slow])
+    db = tmp_path / "db"
+    async with Runtime(db, model=_model("fast", "slow")) as rt:
+        with pytest.raises((Crash, BaseExceptionGroup)):
+            await rt.run(agent, "go")
+    async with Runtime(db, model=_model("fast", "slow")) as rt:
+        session_id = (await rt.store.list_sessions())[0].id
+        result = await rt.resume(session_id, agent)
+        events = await _events(rt)
+    assert runs == {"fast": 1, "slow": 2}
+    assert result.output == "done: fast result | slow result"
+    finished = [e for e in events if e["event"] == "finished"]
+    # fast finished first and was committed on its own, with its content
+    assert finished[0]["call_id"] == "toolu_fast" and finished[0]["content"] == "fast result"
