@@ -183,9 +183,7 @@ class AgentRun:
             records = await store.load_messages(record.id)
             run.context = [_message_from_record(r) for r in records]
         else:
-            run.compactions = sum(
-                b.status == "ok" for b in await store.list_boundaries(run_id=record.id)
-            )
+            run.compactions = await store.count_boundaries(record.id, "ok")
             context = list(messages_from_json(boundary.prefix))
             records = []
             for first, last in json.loads(boundary.ranges):
@@ -196,8 +194,11 @@ class AgentRun:
         # A call still in flight was cut off by a crash: close it; its request is rebuilt
         # byte for byte from the same snapshot and messages and sent again.
         await store.close_interrupted_calls(record.id)
-        calls = await store.list_calls(record.id)
-        run.turns = sum(1 for c in calls if c.status == "ok")
+        # only the latest calls matter here: read them from the end of the index
+        last_ok = await store.last_call(record.id, ok=True)
+        last_any = await store.last_call(record.id)
+        calls = [c for c in (last_any, last_ok) if c is not None]
+        run.turns = await store.count_calls(record.id, "ok")
         run.appended_since_usage = list(run.context)
         run._restore_usage_anchor(calls, records, boundary.created if boundary else None)
         if (

@@ -32,7 +32,7 @@ from anabranch.runtime.loop import AgentRun, Environment, new_id
 from anabranch.runtime.model import Model
 from anabranch.runtime.pipeline import ContextPipeline
 from anabranch.runtime.recall import RecallTool
-from anabranch.runtime.report import total_usage
+from anabranch.runtime.report import summarizer_usage
 from anabranch.runtime.results import GraphResult, RunResult
 from anabranch.runtime.retry import RetryPolicy
 from anabranch.runtime.rewind import rewind_run
@@ -413,10 +413,14 @@ class Runtime:
 
     # ------------------------------------------------------------------ reporting
     async def session_usage(self, session_id: str, run_id: str | None = None) -> Usage:
-        """Tokens paid in the session (or one run): agent calls plus summarizer calls."""
-        calls = await self.store.session_calls(session_id)
-        boundaries = await self.store.list_boundaries(session_id=session_id)
-        if run_id is not None:
-            calls = [c for c in calls if c.run_id == run_id]
-            boundaries = [b for b in boundaries if b.run_id == run_id]
-        return total_usage(calls, boundaries)
+        """Tokens paid in the session (or one run): agent calls plus summarizer calls.
+
+        Agent calls are summed in SQL (a long session costs no rows in Python)."""
+        sums = await self.store.sum_call_usage(session_id, tuple(Usage.model_fields), run_id=run_id)
+        total = Usage(**sums)
+        for boundary in await self.store.list_boundaries(session_id=session_id):
+            if run_id is None or boundary.run_id == run_id:
+                summarizer = summarizer_usage(boundary)
+                if summarizer is not None:
+                    total = total + summarizer
+        return total

@@ -681,6 +681,53 @@ class SQLiteStore:
         )
         return [CallRecord(**row) for row in rows]
 
+    async def last_call(self, run_id: str, *, ok: bool = False) -> CallRecord | None:
+        """The run's latest call (with ``ok``: latest successful one), read from the end of
+        the (run_id, turn) index: a run's calls are numbered by turn in id order."""
+        status = " AND o.status = 'ok'" if ok else ""
+        rows = await self._read(
+            lambda conn: self._rows(
+                conn,
+                self._CALL_SQL
+                + f" WHERE c.run_id = ?{status} ORDER BY c.turn DESC, c.id DESC LIMIT 1",
+                (run_id,),
+            )
+        )
+        return CallRecord(**rows[0]) if rows else None
+
+    async def count_calls(self, run_id: str, status: str = "ok") -> int:
+        """How many of the run's call attempts ended with ``status`` (no rows loaded)."""
+        row = await self._read(
+            lambda conn: conn.execute(
+                "SELECT COUNT(*) FROM calls c JOIN call_outcomes o ON o.call_id = c.id "
+                "WHERE c.run_id = ? AND o.status = ?",
+                (run_id, status),
+            ).fetchone()
+        )
+        return int(row[0])
+
+    async def sum_call_usage(
+        self, session_id: str, keys: Sequence[str], *, run_id: str | None = None
+    ) -> dict[str, int]:
+        """Sums of integer ``keys`` of the usage JSON of the session's (or run's) successful
+        calls, computed in SQL: a long session's usage costs no rows in Python."""
+        for key in keys:
+            if not key.isidentifier():
+                raise ValueError(f"not a usage key: {key!r}")
+        sums = ", ".join(f"COALESCE(SUM(json_extract(o.usage, '$.{key}')), 0)" for key in keys)
+        sql = (
+            f"SELECT {sums} FROM calls c JOIN call_outcomes o ON o.call_id = c.id "
+            "WHERE o.status = 'ok' AND o.usage IS NOT NULL AND "
+        )
+        if run_id is not None:
+            sql += "c.run_id = ?"
+            params: tuple[str, ...] = (run_id,)
+        else:
+            sql += "c.run_id IN (SELECT id FROM runs WHERE session_id = ?)"
+            params = (session_id,)
+        row = await self._read(lambda conn: conn.execute(sql, params).fetchone())
+        return {key: int(value) for key, value in zip(keys, row, strict=True)}
+
     async def session_calls(self, session_id: str) -> list[CallRecord]:
         rows = await self._read(
             lambda conn: self._rows(
@@ -803,6 +850,15 @@ class SQLiteStore:
             lambda conn: self._rows(conn, "SELECT * FROM boundaries WHERE id = ?", (boundary_id,))
         )
         return BoundaryRecord(**rows[0]) if rows else None
+
+    async def count_boundaries(self, run_id: str, status: str = "ok") -> int:
+        row = await self._read(
+            lambda conn: conn.execute(
+                "SELECT COUNT(*) FROM boundaries WHERE run_id = ? AND status = ?",
+                (run_id, status),
+            ).fetchone()
+        )
+        return int(row[0])
 
     async def latest_boundary(self, run_id: str) -> BoundaryRecord | None:
         rows = await self._read(
