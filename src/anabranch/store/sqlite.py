@@ -669,13 +669,16 @@ class SQLiteStore:
         return [CallRecord(**row) for row in rows]
 
     async def recent_ok_calls(self, run_id: str, *, up_to: int, limit: int = 2) -> list[CallRecord]:
-        """The run's last ``limit`` successful calls with id <= ``up_to``, newest first."""
+        """The run's last ``limit`` successful calls with id <= ``up_to``, newest first.
+
+        A run's calls are numbered by turn in id order (a retry keeps its turn), so walking
+        the (run_id, turn) index backwards is id order: no sort of the run's whole history.
+        """
         rows = await self._read(
             lambda conn: self._rows(
                 conn,
-                self._CALL_SQL
-                + " WHERE c.run_id = ? AND c.id <= ? AND o.status = 'ok' ORDER BY c.id DESC"
-                " LIMIT ?",
+                self._CALL_SQL + " WHERE c.run_id = ? AND c.id <= ? AND o.status = 'ok'"
+                " ORDER BY c.turn DESC, c.id DESC LIMIT ?",
                 (run_id, up_to, limit),
             )
         )
