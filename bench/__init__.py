@@ -1,0 +1,1 @@
+"""Benchmarks for anabranch (not part of the test suite). Run ``python bench/run.py``."""
