@@ -38,6 +38,8 @@ async def test_usage_and_call_counts_match_the_call_rows(tmp_path: Path) -> None
         assert await rt.session_usage(first.session_id, run_id="run_none") == Usage()
         assert await rt.store.count_calls(first.run_id) == 4 == len(calls)
         assert await rt.store.count_calls(first.run_id, "error") == 0
+        assert await rt.store.last_ok_turn(first.run_id) == 4
+        assert await rt.store.last_ok_turn("run_none") == 0
 
 
 async def test_a_loaded_run_counts_turns_and_compactions(tmp_path: Path) -> None:

@@ -198,7 +198,8 @@ class AgentRun:
         last_ok = await store.last_call(record.id, ok=True)
         last_any = await store.last_call(record.id)
         calls = [c for c in (last_any, last_ok) if c is not None]
-        run.turns = await store.count_calls(record.id, "ok")
+        # a run's successful calls are turns 1..n: the latest one's turn is their count
+        run.turns = last_ok.turn if last_ok is not None else 0
         run.appended_since_usage = list(run.context)
         run._restore_usage_anchor(calls, records, boundary.created if boundary else None)
         if (

@@ -709,6 +709,19 @@ class SQLiteStore:
         )
         return int(row[0])
 
+    async def last_ok_turn(self, run_id: str) -> int:
+        """The turn of the run's latest successful call (0 if none). A run's successful calls
+        are turns 1..n, so this is their count, read from the end of the (run_id, turn)
+        index instead of counting the whole history."""
+        row = await self._read(
+            lambda conn: conn.execute(
+                "SELECT c.turn FROM calls c JOIN call_outcomes o ON o.call_id = c.id "
+                "WHERE c.run_id = ? AND o.status = 'ok' ORDER BY c.turn DESC, c.id DESC LIMIT 1",
+                (run_id,),
+            ).fetchone()
+        )
+        return int(row[0]) if row else 0
+
     async def sum_call_usage(
         self, session_id: str, keys: Sequence[str], *, run_id: str | None = None
     ) -> dict[str, int]:
