@@ -50,7 +50,7 @@ class Turn:
     reply: str
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def turn_payload(index: int) -> Turn:
     return Turn(
         user=text(f"user{index}", USER_CHARS),
@@ -60,7 +60,7 @@ def turn_payload(index: int) -> Turn:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tool_result_for(query: str) -> str:
     """The 2,000-char tool result every framework's tool returns for ``query``."""
     return text("result:" + query[:32], TOOL_RESULT_CHARS)

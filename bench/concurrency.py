@@ -6,7 +6,11 @@ parallelism a run takes 10 x latency, so that is the ideal wall time for any num
 runs. Measured: wall time / ideal, process CPU seconds per model call, lock errors, and
 whether every transcript is complete in the store.
 
-Until ``spawn_agent`` is on main the runs are root agents only (reported in the results).
+Mix ``supervisor``: each session is a supervisor that spawns two workers in parallel with
+``spawn_agent`` on its first call, waits for their reports, then does 8 more rounds and
+answers: every agent run (supervisor or worker) makes 10 model calls, and a session's ideal
+wall time is 0.2 s + 2 s (the workers) + 1.8 s = 20 x latency. Mix ``root``: independent
+root agents, ideal 10 x latency.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import anyio
 
 from anabranch import Agent, ContextPolicy, ModelRequest, ModelResponse, Runtime, Usage, tool
 from anabranch.context.messages import TextBlock, ToolUseBlock
-
 from bench.common import fresh_path, noop_tracer_provider, stats
 
 CALLS_PER_RUN = 10
@@ -32,9 +35,23 @@ async def note(text: str) -> str:
     return f"noted: {text}"
 
 
-def _response(step: int) -> ModelResponse:
+SUPERVISOR_MODEL = "bench-supervisor"
+CHILDREN = 2
+
+
+def _response(step: int, *, supervisor: bool = False) -> ModelResponse:
     content: tuple[Any, ...]
-    if step < CALLS_PER_RUN - 1:
+    if supervisor and step == 0:
+        content = tuple(
+            ToolUseBlock(
+                id=f"toolu_spawn_{i}",
+                name="spawn_agent",
+                input={"agent": "worker", "task": f"part {i}: work through the steps"},
+            )
+            for i in range(CHILDREN)
+        )
+        stop = "tool_use"
+    elif step < CALLS_PER_RUN - 1:
         content = (
             ToolUseBlock(
                 id=f"toolu_{step}", name="note", input={"text": f"step {step} " + "x" * 80}
@@ -53,6 +70,10 @@ def _response(step: int) -> ModelResponse:
     )
 
 
+def _responses(supervisor: bool) -> list[ModelResponse]:
+    return [_response(step, supervisor=supervisor) for step in range(CALLS_PER_RUN)]
+
+
 class LatencyModel:
     """Answers after ``latency`` seconds: 9 tool calls, then a final answer.
 
@@ -63,12 +84,15 @@ class LatencyModel:
     def __init__(self, latency: float) -> None:
         self.latency = latency
         self.calls = 0
-        self.responses = [_response(step) for step in range(CALLS_PER_RUN)]
+        self.responses = _responses(False)
+        self.supervisor = _responses(True)
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         self.calls += 1
         await anyio.sleep(self.latency)
         step = min((len(request.messages) - 1) // 2, CALLS_PER_RUN - 1)
+        if request.model == SUPERVISOR_MODEL:
+            return self.supervisor[step]
         return self.responses[step]
 
 
@@ -77,7 +101,20 @@ def worker_agent() -> Agent:
         name="worker",
         model="bench-model",
         instructions="Work through the steps.",
+        description="Works through the steps of one part.",
         tools=[note],
+        max_turns=CALLS_PER_RUN + 5,
+        context=ContextPolicy(window=200_000),
+    )
+
+
+def supervisor_agent() -> Agent:
+    return Agent(
+        name="supervisor",
+        model=SUPERVISOR_MODEL,
+        instructions="Split the work, delegate, then finish the steps.",
+        tools=[note],
+        subagents=[worker_agent()],
         max_turns=CALLS_PER_RUN + 5,
         context=ContextPolicy(window=200_000),
     )
@@ -88,16 +125,25 @@ def _is_lock_error(error: BaseException) -> bool:
 
 
 async def trial(
-    folder: Path, runs: int, latency: float, synchronous: str = "FULL", tracing: bool = True
+    folder: Path,
+    runs: int,
+    latency: float,
+    synchronous: str = "FULL",
+    tracing: bool = True,
+    mix: str = "supervisor",
 ) -> dict[str, Any]:
-    """One trial: ``runs`` concurrent sessions; returns its figures and checks."""
+    """One trial: about ``runs`` concurrent agent runs; returns its figures and checks."""
     from opentelemetry.trace import NoOpTracerProvider
 
     path = fresh_path(folder, f"concurrency_{runs}.db")
     provider, exporter = noop_tracer_provider()
     tracer_provider: Any = provider if tracing else NoOpTracerProvider()
     model = LatencyModel(latency)
-    agent = worker_agent()
+    if mix == "supervisor":
+        agent, per_session = supervisor_agent(), 1 + CHILDREN
+    else:
+        agent, per_session = worker_agent(), 1
+    sessions = -(-runs // per_session)
     errors: list[BaseException] = []
     session_ids: list[str] = []
 
@@ -115,15 +161,17 @@ async def trial(
         gc.collect()
         cpu0, wall0 = time.process_time(), time.perf_counter()
         async with anyio.create_task_group() as group:
-            for index in range(runs):
+            for index in range(sessions):
                 group.start_soon(one, index)
         wall = time.perf_counter() - wall0
         cpu = time.process_time() - cpu0
-        check = await _check(rt, runs)
+        check = await _check(rt, sessions, sessions * per_session)
     provider.shutdown()
-    ideal = CALLS_PER_RUN * latency
+    ideal = CALLS_PER_RUN * latency * (2 if mix == "supervisor" else 1)
     return {
-        "runs": runs,
+        "runs": sessions * per_session,
+        "sessions": sessions,
+        "mix": mix,
         "wall_s": wall,
         "ideal_s": ideal,
         "wall_over_ideal": wall / ideal,
@@ -138,10 +186,10 @@ async def trial(
     }
 
 
-async def _check(rt: Runtime, runs: int) -> dict[str, Any]:
-    """Every session done, with 10 ok calls and a complete, well-formed transcript."""
+async def _check(rt: Runtime, expected_sessions: int, runs: int) -> dict[str, Any]:
+    """Every session done; every run with 10 ok calls and a complete transcript."""
     store = rt.store
-    sessions = await store.list_sessions(limit=runs + 10)
+    sessions = await store.list_sessions(limit=expected_sessions + 10)
     done = sum(1 for s in sessions if s.status == "done")
     rows = await store.query(
         "SELECT r.id AS run_id, "
@@ -160,33 +208,45 @@ async def _check(rt: Runtime, runs: int) -> dict[str, Any]:
         and r["status"] == "done"
     )
     return {
-        "sessions": len(sessions),
         "sessions_done": done,
         "transcripts_complete": complete,
-        "all_complete": complete == runs and done == runs and len(rows) == runs,
+        "all_complete": complete == runs and done == expected_sessions and len(rows) == runs,
     }
 
 
+MIXES = {
+    "supervisor": f"sessions of a supervisor spawning {CHILDREN} workers (spawn_agent); "
+    "ideal = 20 x latency",
+    "root": "independent root agents; ideal = 10 x latency",
+}
+
+
 async def benchmark(
-    folder: Path, counts: list[int], reps: int, latency: float = 0.2, log: Any = print
+    folder: Path,
+    counts: list[int],
+    reps: int,
+    latency: float = 0.2,
+    mix: str = "supervisor",
+    log: Any = print,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "latency_s": latency,
         "calls_per_run": CALLS_PER_RUN,
-        "mix": "root agents only (spawn_agent not on main yet)",
+        "mix": MIXES[mix],
         "counts": {},
     }
     for runs in counts:
         trials = []
         for rep in range(reps):
-            result = await trial(folder, runs, latency)
+            result = await trial(folder, runs, latency, mix=mix)
             trials.append(result)
             log(
-                f"  concurrency runs={runs} rep={rep + 1}: wall {result['wall_s']:.2f} s "
+                f"  concurrency runs={result['runs']} ({mix}) rep={rep + 1}: "
+                f"wall {result['wall_s']:.2f} s "
                 f"({result['wall_over_ideal']:.2f}x ideal), "
                 f"{result['cpu_ms_per_model_call']:.2f} ms CPU/call, "
                 f"errors {result['errors']} (lock {result['lock_errors']}), "
-                f"complete {result['transcripts_complete']}/{runs}"
+                f"complete {result['transcripts_complete']}/{result['runs']}"
             )
         out["counts"][str(runs)] = {
             "wall_s": stats([t["wall_s"] for t in trials]),
@@ -198,5 +258,7 @@ async def benchmark(
             "all_complete": all(t["all_complete"] for t in trials),
             "transcripts_complete": [t["transcripts_complete"] for t in trials],
             "ideal_s": trials[-1]["ideal_s"],
+            "agent_runs": trials[-1]["runs"],
+            "sessions": trials[-1]["sessions"],
         }
     return out

@@ -18,7 +18,6 @@ from anabranch.context.messages import TextBlock, ToolUseBlock
 from anabranch.runtime.loop import AgentRun, Environment, new_id
 from anabranch.runtime.runtime import Runtime
 from anabranch.store import SessionRecord, SQLiteStore
-
 from bench.common import tool_result_for
 
 

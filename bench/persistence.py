@@ -139,7 +139,6 @@ async def run_anabranch(folder: Path, n: int, synchronous: str) -> Trial:
     from anabranch.runtime.loop import AgentRun
     from anabranch.runtime.runtime import Runtime
     from anabranch.store import RunRecord
-
     from bench.ours import ScriptedModel, bench_agent, chat_turn, new_session
 
     path = fresh_path(folder, "anabranch.db")
@@ -469,7 +468,7 @@ async def benchmark(
             }
         if "floor" in figures:
             floor = figures["floor"]
-            for name, fig in figures.items():
+            for fig in figures.values():
                 fig["ratio_to_floor"] = {
                     key: ratio(fig[key], floor[key])
                     for key in ("tail_per_turn_s", "total_s", "bytes_per_turn", "load_s")

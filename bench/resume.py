@@ -26,7 +26,6 @@ from anabranch import Agent, ContextPolicy, Message, ModelRequest, ModelResponse
 from anabranch.context.messages import TextBlock, ToolResultBlock, ToolUseBlock, canonical_json
 from anabranch.runtime.loop import AgentRun
 from anabranch.store import BoundaryRecord, RunRecord, SessionRecord, SQLiteStore
-
 from bench.common import db_bytes, fresh_path, stats, text, turn_payload
 from bench.ours import lookup
 
@@ -75,7 +74,7 @@ async def build_session(path: Path, messages: int, compactions: int) -> tuple[st
     await store.close()
     async with Runtime(path, model=_InstantModel(), synchronous="OFF") as rt:
         env = rt.environment(session_id)
-        run = await AgentRun.start(env, agent, turn_payload(0).user, run_id=run_id)
+        await AgentRun.start(env, agent, turn_payload(0).user, run_id=run_id)
     history: list[Message] = []
     index = 0
     while len(history) < messages + 1:

@@ -44,6 +44,7 @@ def plan(quick: bool) -> dict[str, Any]:
             },
             "concurrency": {"counts": [100, 1_000], "reps": 1},
             "resume": {"reps": 3},
+            "compaction": {"k": 3},
             "cache": {"turns": 200},
         }
     return {
@@ -57,6 +58,7 @@ def plan(quick: bool) -> dict[str, Any]:
         },
         "concurrency": {"counts": [100, 1_000, 10_000], "reps": 3, "reps_for": {10_000: 1}},
         "resume": {"reps": 5},
+        "compaction": {"k": 3},
         "cache": {"turns": 200},
     }
 
@@ -113,7 +115,7 @@ async def run_compaction(folder: Path, settings: dict[str, Any]) -> dict[str, An
         from bench import compaction
     except ImportError as exc:
         return {"status": "not available yet", "reason": f"{exc}"}
-    result: dict[str, Any] = await compaction.benchmark(folder, log=log)
+    result: dict[str, Any] = await compaction.benchmark(folder, k=settings.get("k", 3), log=log)
     return result
 
 
@@ -218,7 +220,7 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def table(results: dict[str, Any]) -> str:
+def _persistence_lines(results: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     persistence = results.get("persistence", {})
     for level in ("FULL", "NORMAL"):
@@ -241,6 +243,12 @@ def table(results: dict[str, Any]) -> str:
                 )
         for name, why in part.get("skipped", {}).items():
             lines.append(f"  skipped {name}: {why}")
+    return lines
+
+
+def table(results: dict[str, Any]) -> str:
+    lines: list[str] = []
+    lines += _persistence_lines(results)
     concurrency = results.get("concurrency", {})
     if concurrency.get("counts"):
         lines.append(

@@ -28,11 +28,13 @@ async def test_persistence_contenders_store_the_whole_conversation(tmp_path: Pat
     assert ours.extra["spans"] > 0  # tracing was on
 
 
-async def test_concurrency_trial_checks_every_transcript(tmp_path: Path) -> None:
-    result = await concurrency.trial(tmp_path, 8, latency=0.001, synchronous="NORMAL")
+@pytest.mark.parametrize("mix", ["root", "supervisor"])
+async def test_concurrency_trial_checks_every_transcript(tmp_path: Path, mix: str) -> None:
+    result = await concurrency.trial(tmp_path, 9, latency=0.001, synchronous="NORMAL", mix=mix)
     assert result["errors"] == 0 and result["lock_errors"] == 0
-    assert result["all_complete"] and result["transcripts_complete"] == 8
-    assert result["model_calls"] == 8 * concurrency.CALLS_PER_RUN
+    assert result["runs"] == 9 and result["sessions"] == (9 if mix == "root" else 3)
+    assert result["all_complete"] and result["transcripts_complete"] == 9
+    assert result["model_calls"] == 9 * concurrency.CALLS_PER_RUN
 
 
 async def test_resume_reads_only_after_the_last_boundary(tmp_path: Path) -> None:
