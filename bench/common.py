@@ -25,18 +25,29 @@ TOOL_RESULT_CHARS = 2_000
 REPLY_CHARS = 400
 
 
+_VOCABULARY = tuple(
+    hashlib.sha256(f"word{i}".encode())
+    .hexdigest()[: 3 + i % 7]
+    .translate(str.maketrans("0123456789", "ghijklmnop"))
+    for i in range(3_000)
+)
+"""3,000 made-up words of 3-9 letters: text with a vocabulary, as prose has (a full-text
+index over unique random tokens would be unrealistically large)."""
+
+
 def text(seed: str, chars: int) -> str:
-    """Deterministic, incompressible-looking prose-ish text of exactly ``chars`` characters."""
+    """Deterministic prose-like text of exactly ``chars`` characters."""
     out: list[str] = []
     size = 0
     counter = 0
     while size < chars:
-        digest = hashlib.sha256(f"{seed}:{counter}".encode()).hexdigest()
-        word = " ".join(digest[i : i + 8] for i in range(0, 64, 8)) + " "
-        out.append(word)
-        size += len(word)
+        digest = hashlib.sha256(f"{seed}:{counter}".encode()).digest()
+        for i in range(0, 32, 2):
+            word = _VOCABULARY[int.from_bytes(digest[i : i + 2], "big") % len(_VOCABULARY)]
+            out.append(word)
+            size += len(word) + 1
         counter += 1
-    return "".join(out)[:chars]
+    return " ".join(out)[:chars]
 
 
 @dataclass(frozen=True)
