@@ -242,11 +242,46 @@ def _v4_run_spans(db: sqlite_utils.Database) -> None:
     db.table("run_spans").create_index(["run_id"])
 
 
+def _v5_history_search_external(db: sqlite_utils.Database) -> None:
+    """The history index without a second copy of the text: external-content FTS5 tables
+    over views of ``messages`` and ``spills`` (v3 stored every message's text twice)."""
+    for statement in (
+        "DROP TRIGGER IF EXISTS history_fts_messages",
+        "DROP TRIGGER IF EXISTS history_fts_spills",
+        "DROP TABLE IF EXISTS history_fts",
+        "CREATE VIEW history_messages AS SELECT m.id AS id, "
+        f"{_MESSAGE_TEXT.format(row='m')} AS body, m.run_id AS run_id, 'message' AS source, "
+        "m.seq AS ref FROM messages m WHERE m.kind = 'message'",
+        "CREATE VIEW history_spills AS SELECT s.rowid AS id, s.content AS body, "
+        "s.run_id AS run_id, 'spill' AS source, s.handle AS ref FROM spills s",
+        "CREATE VIRTUAL TABLE history_fts USING fts5(body, run_id UNINDEXED, "
+        "source UNINDEXED, ref UNINDEXED, tokenize='unicode61', "
+        "content='history_messages', content_rowid='id')",
+        "CREATE VIRTUAL TABLE history_spill_fts USING fts5(body, run_id UNINDEXED, "
+        "source UNINDEXED, ref UNINDEXED, tokenize='unicode61', "
+        "content='history_spills', content_rowid='id')",
+        "CREATE TRIGGER history_fts_messages AFTER INSERT ON messages "
+        "WHEN new.kind = 'message' BEGIN "
+        "INSERT INTO history_fts(rowid, body, run_id, source, ref) VALUES (new.id, "
+        f"{_MESSAGE_TEXT.format(row='new')}, new.run_id, 'message', new.seq); END",
+        "CREATE TRIGGER history_fts_spills AFTER INSERT ON spills BEGIN "
+        "INSERT INTO history_spill_fts(rowid, body, run_id, source, ref) "
+        "VALUES (new.rowid, new.content, new.run_id, 'spill', new.handle); END",
+        # index what is there ('rebuild' cannot read a view with a correlated subquery)
+        "INSERT INTO history_fts(rowid, body, run_id, source, ref) "
+        "SELECT id, body, run_id, source, ref FROM history_messages",
+        "INSERT INTO history_spill_fts(rowid, body, run_id, source, ref) "
+        "SELECT id, body, run_id, source, ref FROM history_spills",
+    ):
+        db.execute(statement)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1,
     _v2_call_prefix,
     _v3_history_search,
     _v4_run_spans,
+    _v5_history_search_external,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

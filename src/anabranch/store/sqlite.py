@@ -930,14 +930,20 @@ class SQLiteStore:
             return []
         quoted = ['"' + w.replace('"', '""') + '"' for w in words]
         sql = (
-            "SELECT source, ref, snippet(history_fts, 0, '[', ']', '…', 16) AS snippet "
-            "FROM history_fts WHERE history_fts MATCH ? AND run_id = ? ORDER BY rank LIMIT ?"
+            " UNION ALL ".join(
+                f"SELECT source, ref, snippet({table}, 0, '[', ']', '…', 16) AS snippet, "
+                f"rank FROM {table} WHERE {table} MATCH ? AND run_id = ?"
+                for table in ("history_fts", "history_spill_fts")
+            )
+            + " ORDER BY rank LIMIT ?"
         )
 
         def search(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-            rows = self._rows(conn, sql, (" ".join(quoted), run_id, limit))
+            match = " ".join(quoted)
+            rows = self._rows(conn, sql, (match, run_id, match, run_id, limit))
             if not rows and len(quoted) > 1:
-                rows = self._rows(conn, sql, (" OR ".join(quoted), run_id, limit))
+                match = " OR ".join(quoted)
+                rows = self._rows(conn, sql, (match, run_id, match, run_id, limit))
             return rows
 
         rows = await self._read(search)
