@@ -167,6 +167,7 @@ async def run_anabranch(folder: Path, n: int, synchronous: str) -> Trial:
         session_id = env.session_id
         assert len(run.context) == 4 * n, (len(run.context), n)
     size = db_bytes(path)
+    tables = table_bytes(path)
     async with Runtime(path, model=model, tracer_provider=provider) as rt:
         record = await rt.store.get_run(run_id)
         assert isinstance(record, RunRecord)
@@ -180,8 +181,22 @@ async def run_anabranch(folder: Path, n: int, synchronous: str) -> Trial:
         size,
         load,
         len(loaded.context),
-        {"spans": exporter.spans, "model_calls": model.calls},
+        {"spans": exporter.spans, "model_calls": model.calls, "table_bytes": tables},
     )
+
+
+def table_bytes(path: Path) -> dict[str, int]:
+    """Bytes per table and index (SQLite's dbstat), largest first; {} where unavailable."""
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT name, SUM(pgsize) FROM dbstat GROUP BY name ORDER BY 2 DESC"
+        ).fetchall()
+    except sqlite3.Error:
+        rows = []
+    finally:
+        conn.close()
+    return {str(name): int(size) for name, size in rows}
 
 
 # --------------------------------------------------------------------------- langgraph

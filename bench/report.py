@@ -52,6 +52,15 @@ def persistence(results: dict[str, Any]) -> list[str]:
                 )
         for name, why in part.get("skipped", {}).items():
             out.append(f"\nSkipped `{name}`: {why}.")
+        ours = part["contenders"].get("anabranch", {})
+        if ours and level == "FULL":
+            n = max(ours, key=int)
+            tables = ours[n].get("extra", {}).get("table_bytes", {})
+            if tables:
+                per_turn = ", ".join(
+                    f"{name} {size / int(n):.0f}" for name, size in list(tables.items())[:8]
+                )
+                out.append(f"\nanabranch's bytes per turn by table at N={n}: {per_turn}.")
         out.append("")
     return out
 
