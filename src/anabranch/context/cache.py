@@ -8,7 +8,7 @@ blocks for an earlier entry; 1h entries must come before 5m entries.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -139,14 +139,33 @@ def _digest(payload: object) -> str:
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
+_DIGESTS: dict[int, tuple[object, str]] = {}
+"""Recent digests by ``id`` of the (immutable) sequence they were computed from."""
+
+
+def _cached(items: Sequence[object], compute: Callable[[], str]) -> str:
+    """``compute()``, reused while ``items`` is the same tuple object (a run keeps its
+    snapshot's tuples from call to call)."""
+    if not isinstance(items, tuple):
+        return compute()
+    entry = _DIGESTS.get(id(items))
+    if entry is not None and entry[0] is items:
+        return entry[1]
+    digest = compute()
+    _DIGESTS[id(items)] = (items, digest)
+    while len(_DIGESTS) > 64:
+        del _DIGESTS[next(iter(_DIGESTS))]
+    return digest
+
+
 def system_digest(system: Sequence[SystemBlock]) -> str:
     """A hash of what the cache keys on in the system blocks (breakpoint marks excluded)."""
-    return _digest([b.text for b in system])
+    return _cached(system, lambda: _digest([b.text for b in system]))
 
 
 def tools_digest(tools: Sequence[ToolDefinition]) -> str:
     """A hash of what the cache keys on in the tool list (breakpoint marks excluded)."""
-    return _digest([[t.name, t.description, t.input_schema] for t in tools])
+    return _cached(tools, lambda: _digest([[t.name, t.description, t.input_schema] for t in tools]))
 
 
 def expected_cache_read(previous: Usage) -> int:

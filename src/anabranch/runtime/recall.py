@@ -8,6 +8,7 @@ message and spilled output, compacted or not).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,17 @@ class RecallArguments(BaseModel):
     limit: int = Field(5, ge=1, le=20, description="With query: the most matches to list.")
 
 
+@functools.cache
+def _schema() -> dict[str, Any]:
+    """The arguments' JSON schema, built once (pydantic takes about a millisecond per call,
+    and every agent run asks for it)."""
+    schema: dict[str, Any] = RecallArguments.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    return schema
+
+
 def _render(message: Message) -> str:
     parts = [f"({message.role})"]
     for block in message.content:
@@ -68,11 +80,7 @@ class RecallTool:
         return True
 
     def definition(self, agent: Agent) -> ToolDefinition:
-        schema: dict[str, Any] = RecallArguments.model_json_schema()
-        schema.pop("title", None)
-        for prop in schema.get("properties", {}).values():
-            prop.pop("title", None)
-        return ToolDefinition(name=self.name, description=DESCRIPTION, input_schema=schema)
+        return ToolDefinition(name=self.name, description=DESCRIPTION, input_schema=_schema())
 
     async def run(self, run: AgentRun, call: ToolUseBlock) -> ToolOutcome:
         try:

@@ -250,6 +250,12 @@ class SQLiteStore:
         async with self._limiter:
             return await anyio.to_thread.run_sync(fn, self._conn, limiter=self._thread)
 
+    async def _lookup(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A point read through an index (a few rows, well under a millisecond): run on the
+        event loop's thread, where a hop to the worker thread would cost more than it."""
+        async with self._limiter:
+            return fn(self._conn)
+
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Commit ``fn``'s statements atomically (possibly together with other writes).
 
@@ -359,7 +365,7 @@ class SQLiteStore:
     """
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
-        rows = await self._read(
+        rows = await self._lookup(
             lambda conn: self._rows(conn, self._SESSION_SQL + " WHERE s.id = ?", (session_id,))
         )
         return SessionRecord(**rows[0]) if rows else None
@@ -418,7 +424,7 @@ class SQLiteStore:
 
     async def lease_holder(self, session_id: str) -> str | None:
         """The live owner of the session's lease, if any."""
-        rows = await self._read(
+        rows = await self._lookup(
             lambda conn: conn.execute(
                 "SELECT owner, host, pid, expires FROM leases WHERE session_id = ?",
                 (session_id,),
@@ -491,7 +497,7 @@ class SQLiteStore:
     """
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        rows = await self._read(
+        rows = await self._lookup(
             lambda conn: self._rows(conn, self._RUN_SQL + " WHERE r.id = ?", (run_id,))
         )
         return RunRecord(**rows[0]) if rows else None
@@ -646,7 +652,7 @@ class SQLiteStore:
         return [MessageRecord(**row) for row in rows]
 
     async def next_seq(self, run_id: str) -> int:
-        row = await self._read(
+        row = await self._lookup(
             lambda conn: conn.execute(
                 "SELECT COALESCE(MAX(seq), -1) FROM messages WHERE run_id = ?", (run_id,)
             ).fetchone()
@@ -674,7 +680,7 @@ class SQLiteStore:
         A run's calls are numbered by turn in id order (a retry keeps its turn), so walking
         the (run_id, turn) index backwards is id order: no sort of the run's whole history.
         """
-        rows = await self._read(
+        rows = await self._lookup(
             lambda conn: self._rows(
                 conn,
                 self._CALL_SQL + " WHERE c.run_id = ? AND c.id <= ? AND o.status = 'ok'"
@@ -700,7 +706,7 @@ class SQLiteStore:
 
     async def count_calls(self, run_id: str, status: str = "ok") -> int:
         """How many of the run's call attempts ended with ``status`` (no rows loaded)."""
-        row = await self._read(
+        row = await self._lookup(
             lambda conn: conn.execute(
                 "SELECT COUNT(*) FROM calls c JOIN call_outcomes o ON o.call_id = c.id "
                 "WHERE c.run_id = ? AND o.status = ?",
@@ -713,7 +719,7 @@ class SQLiteStore:
         """The turn of the run's latest successful call (0 if none). A run's successful calls
         are turns 1..n, so this is their count, read from the end of the (run_id, turn)
         index instead of counting the whole history."""
-        row = await self._read(
+        row = await self._lookup(
             lambda conn: conn.execute(
                 "SELECT c.turn FROM calls c JOIN call_outcomes o ON o.call_id = c.id "
                 "WHERE c.run_id = ? AND o.status = 'ok' ORDER BY c.turn DESC, c.id DESC LIMIT 1",
@@ -776,7 +782,7 @@ class SQLiteStore:
         if not call_ids:
             return []
         marks = ", ".join("?" for _ in call_ids)
-        rows = await self._read(
+        rows = await self._lookup(
             lambda conn: self._rows(
                 conn,
                 f"SELECT * FROM tool_events WHERE run_id = ? AND call_id IN ({marks}) ORDER BY id",
@@ -802,7 +808,7 @@ class SQLiteStore:
         await self._write(lambda conn: self._insert(conn, "snapshots", values))
 
     async def latest_snapshot(self, run_id: str) -> SnapshotRecord | None:
-        rows = await self._read(
+        rows = await self._lookup(
             lambda conn: self._rows(
                 conn,
                 "SELECT * FROM snapshots WHERE run_id = ? ORDER BY version DESC LIMIT 1",
@@ -868,7 +874,7 @@ class SQLiteStore:
         return BoundaryRecord(**rows[0]) if rows else None
 
     async def count_boundaries(self, run_id: str, status: str = "ok") -> int:
-        row = await self._read(
+        row = await self._lookup(
             lambda conn: conn.execute(
                 "SELECT COUNT(*) FROM boundaries WHERE run_id = ? AND status = ?",
                 (run_id, status),
@@ -877,7 +883,7 @@ class SQLiteStore:
         return int(row[0])
 
     async def latest_boundary(self, run_id: str) -> BoundaryRecord | None:
-        rows = await self._read(
+        rows = await self._lookup(
             lambda conn: self._rows(
                 conn,
                 "SELECT * FROM boundaries WHERE run_id = ? AND status = 'ok' "
