@@ -33,7 +33,7 @@ async def _events(rt: Runtime) -> list[dict[str, object]]:
     return await rt.store.query("SELECT call_id, event, content FROM tool_events ORDER BY id")
 
 
-async def test_one_tool_result_is_stored_once(tmp_path: Path) -> None:
+async def test_started_with_the_response_finished_with_its_result(tmp_path: Path) -> None:
     @tool
     def fetch() -> str:
         """Fetch."""
@@ -49,8 +49,8 @@ async def test_one_tool_result_is_stored_once(tmp_path: Path) -> None:
         ("toolu_fetch", "started"),
         ("toolu_fetch", "finished"),
     ]
-    # the result is in the results message, committed with the finished event
-    assert events[1]["content"] is None
+    # committed as it finished (so it is never run again), then in the results message
+    assert str(events[1]["content"]).startswith("payload payload")
     assert any("payload payload" in str(m["content"]) for m in messages)
 
 

@@ -116,8 +116,6 @@ class AgentRun:
         self.compactions = 0
         self._fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None = None
         """Tool calls of the response just committed here, and those marked started with it."""
-        self._results_events: list[ToolEventRecord] = []
-        """The last tool's ``finished`` event, committed with the results message."""
 
     # ------------------------------------------------------------------ creation
     @property
@@ -378,16 +376,10 @@ class AgentRun:
             for offset, message in enumerate(messages)
         ]
 
-    async def append(
-        self,
-        *messages: Message,
-        kind: str = "message",
-        tool_events: Sequence[ToolEventRecord] = (),
-    ) -> None:
-        """Commit messages (and ``tool_events``, in the same transaction) to the store, then
-        add them to the context."""
+    async def append(self, *messages: Message, kind: str = "message") -> None:
+        """Commit messages to the store, then add them to the context."""
         records = self.message_records(messages, kind)
-        await self.env.store.append_messages(records, tool_events=tool_events)
+        await self.env.store.append_messages(records)
         self.next_seq += len(records)
         self.context.extend(messages)
         self.appended_since_usage.extend(messages)
@@ -437,10 +429,7 @@ class AgentRun:
             if last.role == "assistant":
                 if last.tool_uses:
                     results = await self.run_tools(last.tool_uses)
-                    events, self._results_events = self._results_events, []
-                    await self.append(
-                        Message(role="user", content=tuple(results)), tool_events=events
-                    )
+                    await self.append(Message(role="user", content=tuple(results)))
                     continue
                 output = last.text
                 await self.env.store.finish_run(self.id, "done", output=output)
@@ -584,8 +573,7 @@ class AgentRun:
     async def run_tools(self, uses: Sequence[ToolUseBlock]) -> list[ToolResultBlock]:
         """Results for every tool_use, running only those without a committed result.
 
-        Each result is committed as it finishes, except the last one's, which the caller
-        commits together with the results message (``_results_events``).
+        Each result is committed as it finishes, so a finished tool is never run again.
         """
         fresh, self._fresh_tools = self._fresh_tools, None
         if fresh is not None and fresh[0] == tuple(u.id for u in uses):
@@ -602,19 +590,13 @@ class AgentRun:
             call_id: ToolOutcome(e.content or "", e.is_error) for call_id, e in finished.items()
         }
         todo = [use for use in uses if use.id not in finished]
-        remaining = len(todo)
 
         async def run_one(use: ToolUseBlock) -> None:
-            nonlocal remaining
             outcome = await self._run_tool(
                 use, interrupted=use.id in started, marked=use.id in marked
             )
+            await self.env.store.record_tool_event(self._finished_event(use, outcome))
             outcomes[use.id] = outcome
-            remaining -= 1
-            if remaining:
-                await self.env.store.record_tool_event(self._finished_event(use, outcome))
-            else:  # its content goes in the results message, in the same transaction
-                self._results_events = [self._finished_event(use, outcome, content=False)]
 
         if len(todo) == 1:
             await run_one(todo[0])
@@ -643,16 +625,14 @@ class AgentRun:
             if self.agent.tool(use.name) is not None or self._builtin(use.name) is not None
         ]
 
-    def _finished_event(
-        self, use: ToolUseBlock, outcome: ToolOutcome, *, content: bool = True
-    ) -> ToolEventRecord:
+    def _finished_event(self, use: ToolUseBlock, outcome: ToolOutcome) -> ToolEventRecord:
         return ToolEventRecord(
             run_id=self.id,
             call_id=use.id,
             name=use.name,
             event="finished",
             created=time.time(),
-            content=outcome.content if content else None,
+            content=outcome.content,
             is_error=outcome.is_error,
         )
 

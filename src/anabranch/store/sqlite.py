@@ -534,20 +534,15 @@ class SQLiteStore:
             "created": message.created or time.time(),
         }
 
-    async def append_messages(
-        self, messages: Sequence[MessageRecord], *, tool_events: Sequence[ToolEventRecord] = ()
-    ) -> None:
-        """Commit messages (and tool events that belong with them) in one transaction."""
+    async def append_messages(self, messages: Sequence[MessageRecord]) -> None:
+        """Commit messages in one transaction."""
         values = [self._message_values(m) for m in messages]
-        events = [self._tool_event_values(e) for e in tool_events]
 
         def write(conn: sqlite3.Connection) -> None:
-            for event in events:
-                self._insert(conn, "tool_events", event)
             for value in values:
                 self._insert(conn, "messages", value)
 
-        if values or events:
+        if values:
             await self._write(write)
 
     async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
