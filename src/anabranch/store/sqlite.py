@@ -689,7 +689,7 @@ class SQLiteStore:
         """The run's latest call (with ``ok``: latest successful one), read from the end of
         the (run_id, turn) index: a run's calls are numbered by turn in id order."""
         status = " AND o.status = 'ok'" if ok else ""
-        rows = await self._read(
+        rows = await self._lookup(
             lambda conn: self._rows(
                 conn,
                 self._CALL_SQL
