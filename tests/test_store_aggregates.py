@@ -70,3 +70,13 @@ async def test_usage_keys_must_be_identifiers(tmp_path: Path) -> None:
     async with Runtime(tmp_path / "db", model=TestModel()) as rt:
         with pytest.raises(ValueError):
             await rt.store.sum_call_usage("ses", ["input_tokens') FROM x; --"])
+
+
+async def test_run_spans_limit_returns_the_latest_oldest_first(tmp_path: Path) -> None:
+    async with Runtime(tmp_path / "db", model=TestModel()) as rt:
+        for index in range(20):
+            await rt.store.add_run_span("ses", "run_1", f"{index:032x}", f"{index:016x}")
+        latest = await rt.store.run_spans("run_1", limit=8)
+        every = await rt.store.run_spans("run_1")
+    assert [int(t, 16) for t, _ in latest] == list(range(12, 20))
+    assert [int(t, 16) for t, _ in every] == list(range(20))

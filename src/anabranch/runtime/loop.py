@@ -61,6 +61,9 @@ from anabranch.traces import SpanRef, Tracing
 
 __all__ = ["AgentRun", "Environment", "new_id"]
 
+RESUME_LINKS = 8
+"""How many earlier drives of a run its span links to (the most recent ones)."""
+
 INTERRUPTED_REPORT = (
     "This tool call was interrupted (the process stopped while it ran) and was not run "
     "again; its effect is unknown. Check before repeating it."
@@ -404,7 +407,9 @@ class AgentRun:
         tracing = self.env.tracing
         task = self.context[0].text if self.context else ""
         store = self.env.store
-        earlier = [SpanRef(t, s) for t, s in await store.run_spans(self.id)]
+        # the latest few drives (each links further back): a run driven thousands of times
+        # (a long chat) would otherwise read and link every earlier drive on each one
+        earlier = [SpanRef(t, s) for t, s in await store.run_spans(self.id, limit=RESUME_LINKS)]
         with tracing.agent_run(
             agent=self.agent.name,
             run_id=self.id,

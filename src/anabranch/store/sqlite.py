@@ -987,14 +987,16 @@ class SQLiteStore:
         }
         await self._write(lambda conn: self._insert(conn, "run_spans", values))
 
-    async def run_spans(self, run_id: str) -> list[tuple[str, str]]:
-        """``(trace_id, span_id)`` of every earlier drive of a run, oldest first."""
-        rows = await self._read(
-            lambda conn: conn.execute(
-                "SELECT trace_id, span_id FROM run_spans WHERE run_id = ? ORDER BY id", (run_id,)
-            ).fetchall()
-        )
-        return [(str(t), str(s)) for t, s in rows]
+    async def run_spans(self, run_id: str, limit: int | None = None) -> list[tuple[str, str]]:
+        """``(trace_id, span_id)`` of the earlier drives of a run (the latest ``limit`` of
+        them, if given), oldest first."""
+        sql = "SELECT trace_id, span_id FROM run_spans WHERE run_id = ? ORDER BY id DESC"
+        params: tuple[Any, ...] = (run_id,)
+        if limit is not None:
+            sql += " LIMIT ?"
+            params = (run_id, limit)
+        rows = await self._lookup(lambda conn: conn.execute(sql, params).fetchall())
+        return [(str(t), str(s)) for t, s in reversed(rows)]
 
     # ----------------------------------------------------------------- generic read
     async def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
