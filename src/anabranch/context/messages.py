@@ -146,7 +146,7 @@ def messages_digest(messages: tuple[Message, ...] | list[Message]) -> bytes:
 
 _PREFIXES: dict[int, tuple[tuple[Message, ...], Any]] = {}
 """Recent message tuples (by ``id`` of their first message) with the hash state after them."""
-_PREFIX_LIMIT = 32
+_PREFIX_LIMIT = 8
 
 
 _PROMPTS: dict[tuple[int, int], tuple[Any, Any, str]] = {}
