@@ -70,17 +70,17 @@ def concurrency(results: dict[str, Any]) -> list[str]:
     if not part.get("counts"):
         return []
     out = [
-        f"**Concurrency** — {part['calls_per_run']} model calls per run, "
+        f"**Concurrency** — {part['calls_per_run']} model calls per agent run, "
         f"{part['latency_s'] * 1e3:.0f} ms model latency, ideal wall "
-        f"{part['calls_per_run'] * part['latency_s']:.1f} s; {part['mix']}",
+        f"{next(iter(part['counts'].values()))['ideal_s']:.1f} s; {part['mix']}",
         "",
-        "| runs | reps | wall s | × ideal | CPU ms per model call | lock errors "
+        "| agent runs | reps | wall s | × ideal | CPU ms per model call | lock errors "
         "| other errors | every transcript complete |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for runs, fig in part["counts"].items():
         out.append(
-            f"| {runs} | {fig['wall_s']['n']} | {_range(fig['wall_s'])} "
+            f"| {fig.get('agent_runs', runs)} | {fig['wall_s']['n']} | {_range(fig['wall_s'])} "
             f"| {_m(fig['wall_over_ideal'])} | {_range(fig['cpu_ms_per_model_call'])} "
             f"| {fig['lock_errors']} | {fig['errors'] - fig['lock_errors']} "
             f"| {'yes' if fig['all_complete'] else 'NO'} |"
