@@ -15,7 +15,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -30,6 +29,7 @@ import anyio
 import anyio.to_thread
 import sqlite_utils
 
+from anabranch._process import pid_alive
 from anabranch.errors import DatabaseError, SessionBusyError
 from anabranch.store.records import (
     BoundaryRecord,
@@ -57,16 +57,6 @@ def _create_owner_only(path: Path) -> None:
     except FileExistsError:
         return
     os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(eq=False)
@@ -391,7 +381,7 @@ class SQLiteStore:
             now = time.time()
             if row is not None and row[0] != owner:
                 held_owner, held_host, held_pid, expires = row
-                dead = held_host == host and held_pid != pid and not _pid_alive(held_pid)
+                dead = held_host == host and held_pid != pid and not pid_alive(held_pid)
                 if expires > now and not dead:
                     raise SessionBusyError(session_id, f"{held_owner} on {held_host}")
             conn.execute(
@@ -435,7 +425,7 @@ class SQLiteStore:
         owner, host, pid, expires = rows[0]
         if expires <= time.time():
             return None
-        if host == socket.gethostname() and not _pid_alive(pid):
+        if host == socket.gethostname() and not pid_alive(pid):
             return None
         return str(owner)
 
@@ -1005,6 +995,3 @@ class SQLiteStore:
             raise ValueError("query() runs SELECT statements only")
         return await self._read(lambda conn: self._rows(conn, sql, params))
 
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -27,6 +27,7 @@ __all__ = [
     "TestModel",
     "arguments_for_schema",
     "is_summary_request",
+    "response_for",
     "usage_for",
 ]
 
@@ -46,6 +47,18 @@ def usage_for(request: ModelRequest, content: Sequence[Block]) -> Usage:
     """Deterministic usage from the same estimate the runtime uses (no caching)."""
     output = estimate_messages([Message(role="assistant", content=tuple(content))])
     return Usage(input_tokens=estimate_request(request), output_tokens=output)
+
+
+def response_for(request: ModelRequest, content: Sequence[Block]) -> ModelResponse:
+    """A deterministic response carrying ``content``, with ``usage_for`` usage."""
+    stop = "tool_use" if any(isinstance(b, ToolUseBlock) for b in content) else "end_turn"
+    return ModelResponse(
+        id="msg_" + request.fingerprint()[:24],
+        model=request.model,
+        content=tuple(content),
+        stop_reason=stop,
+        usage=usage_for(request, content),
+    )
 
 
 def _resolve(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
@@ -155,15 +168,7 @@ class TestModel:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         self.requests.append(request)
-        content = self.respond(request)
-        stop = "tool_use" if any(isinstance(b, ToolUseBlock) for b in content) else "end_turn"
-        return ModelResponse(
-            id="msg_" + request.fingerprint()[:24],
-            model=request.model,
-            content=tuple(content),
-            stop_reason=stop,
-            usage=usage_for(request, content),
-        )
+        return response_for(request, self.respond(request))
 
     def respond(self, request: ModelRequest) -> list[Block]:
         """The content blocks this model answers ``request`` with."""
@@ -274,11 +279,4 @@ class FunctionModel:
         if isinstance(result, ModelResponse):
             return result
         content: list[Block] = [TextBlock(text=result)] if isinstance(result, str) else list(result)
-        stop = "tool_use" if any(isinstance(b, ToolUseBlock) for b in content) else "end_turn"
-        return ModelResponse(
-            id="msg_" + request.fingerprint()[:24],
-            model=request.model,
-            content=tuple(content),
-            stop_reason=stop,
-            usage=usage_for(request, content),
-        )
+        return response_for(request, content)

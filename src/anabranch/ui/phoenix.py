@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+from anabranch._process import pid_alive
 from anabranch.errors import UserError
 
 __all__ = [
@@ -148,21 +149,9 @@ def healthy(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _is_phoenix(info: PhoenixInfo) -> bool:
     """Whether ``info.pid`` is still that Phoenix (guards against a reused pid)."""
-    if not _pid_alive(info.pid):
+    if not pid_alive(info.pid):
         return False
     cmdline = Path(f"/proc/{info.pid}/cmdline")
     if cmdline.exists():
@@ -335,7 +324,7 @@ def stop_recorded(path: Path | None = None, timeout: float = 10.0) -> PhoenixInf
     with contextlib.suppress(ProcessLookupError):
         os.kill(info.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while _pid_alive(info.pid) and time.monotonic() < deadline:
+    while pid_alive(info.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(info.pid, os.WNOHANG)
