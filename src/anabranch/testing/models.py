@@ -18,7 +18,6 @@ from anabranch.context.messages import (
     ToolDefinition,
     ToolUseBlock,
     Usage,
-    canonical_json,
 )
 from anabranch.context.tokens import estimate_messages, estimate_request
 
@@ -147,7 +146,8 @@ class TestModel:
     Tool ids carry their round number, so the count survives compaction: a compacted
     context's opening turn is not a new task. Tools in ``skip_tools`` (the built-in
     ``recall``, by default) are never called.
-    Deterministic: the same request always gets the same response.
+    Deterministic: the same request always gets the same response (so the same agent given
+    the same task twice reuses its tool_use ids; different agents never share them).
     """
 
     __test__ = False  # not a pytest class
@@ -196,9 +196,9 @@ class TestModel:
     def _tool_calls(
         self, request: ModelRequest, tools: Sequence[ToolDefinition], round_index: int
     ) -> list[Block]:
-        salt = hashlib.sha256(
-            canonical_json([len(request.messages), request.messages[-1].text]).encode()
-        ).hexdigest()
+        # Ids hash the whole request, system prompt included: agents given the same task
+        # never share ids, and a resent request gets the same answer (deterministic).
+        salt = request.fingerprint()
         blocks: list[Block] = []
         hint = " ".join(self._asked(request.messages).split())[:200]
         for definition in tools:
