@@ -18,6 +18,7 @@ from anabranch.context.messages import (
     ToolDefinition,
     ToolUseBlock,
     Usage,
+    canonical_json,
 )
 from anabranch.context.tokens import estimate_messages, estimate_request
 
@@ -196,9 +197,19 @@ class TestModel:
     def _tool_calls(
         self, request: ModelRequest, tools: Sequence[ToolDefinition], round_index: int
     ) -> list[Block]:
-        # Ids hash the whole request, system prompt included: agents given the same task
-        # never share ids, and a resent request gets the same answer (deterministic).
-        salt = request.fingerprint()
+        # Ids hash the agent's prompt (system and tools), the turn and the last user text:
+        # agents given the same task never share ids, and nothing random in the context
+        # (run ids, spill handles) changes them, so equal sessions get equal ids.
+        salt = hashlib.sha256(
+            canonical_json(
+                [
+                    [b.text for b in request.system],
+                    [t.name for t in request.tools],
+                    len(request.messages),
+                    request.messages[-1].text,
+                ]
+            ).encode()
+        ).hexdigest()
         blocks: list[Block] = []
         hint = " ".join(self._asked(request.messages).split())[:200]
         for definition in tools:
