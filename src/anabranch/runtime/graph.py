@@ -9,8 +9,6 @@ finished tasks, continues unfinished runs where they stopped and starts the rest
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,7 +24,7 @@ from anabranch.runtime.children import (
     settle_subtree,
 )
 from anabranch.runtime.loader import load_object
-from anabranch.runtime.loop import Environment, new_id
+from anabranch.runtime.loop import Environment
 from anabranch.runtime.results import GraphResult, TaskResult
 from anabranch.store import RunRecord, SessionRecord
 from anabranch.traces import SpanRef
@@ -68,20 +66,14 @@ async def run_graph(
     if not isinstance(graph, Graph):
         raise UserError(f"run_graph() needs a Graph, got {type(graph).__name__}")
     rt.register(graph)
-    session_id = new_id("ses")
-    await rt.store.create_session(
-        SessionRecord(
-            id=session_id,
-            created=time.time(),
-            kind="graph",
-            entry=graph.name,
-            task=f"graph {graph.name}: {', '.join(t.id for t in graph.tasks)}",
-            source=source,
-            definition=json.dumps(_outline(graph)),
-        )
+    session_id = await rt.open_session(
+        kind="graph",
+        entry=graph.name,
+        task=f"graph {graph.name}: {', '.join(t.id for t in graph.tasks)}",
+        source=source,
+        outline=_outline(graph),
+        on_session=on_session,
     )
-    if on_session is not None:
-        on_session(session_id)
     return await _drive(rt, session_id, graph)
 
 

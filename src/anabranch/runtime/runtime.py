@@ -9,7 +9,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
@@ -170,6 +170,33 @@ class Runtime:
                 self._agents[definition.name] = definition
 
     # ------------------------------------------------------------------ running
+    async def open_session(
+        self,
+        *,
+        kind: Literal["agent", "graph"],
+        entry: str,
+        task: str,
+        source: str | None,
+        outline: dict[str, Any],
+        on_session: Callable[[str], None] | None,
+    ) -> str:
+        """Commit a new session and announce its id (before anything runs in it)."""
+        session_id = new_id("ses")
+        await self.store.create_session(
+            SessionRecord(
+                id=session_id,
+                created=time.time(),
+                kind=kind,
+                entry=entry,
+                task=task,
+                source=source,
+                definition=json.dumps(outline),
+            )
+        )
+        if on_session is not None:
+            on_session(session_id)
+        return session_id
+
     async def run(
         self,
         agent: Agent,
@@ -193,20 +220,14 @@ class Runtime:
         if not isinstance(task, str) or not task.strip():
             raise UserError("the task must be a non-empty string")
         self.register(agent)
-        session_id = new_id("ses")
-        await self.store.create_session(
-            SessionRecord(
-                id=session_id,
-                created=time.time(),
-                kind="agent",
-                entry=agent.name,
-                task=task,
-                source=source,
-                definition=json.dumps(_agent_outline(agent)),
-            )
+        session_id = await self.open_session(
+            kind="agent",
+            entry=agent.name,
+            task=task,
+            source=source,
+            outline=_agent_outline(agent),
+            on_session=on_session,
         )
-        if on_session is not None:
-            on_session(session_id)
         env = self.environment(session_id)
 
         async def start_and_drive() -> str:

@@ -994,4 +994,3 @@ class SQLiteStore:
         if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
             raise ValueError("query() runs SELECT statements only")
         return await self._read(lambda conn: self._rows(conn, sql, params))
-
