@@ -351,6 +351,15 @@ async def run_openai_agents(folder: Path, n: int, synchronous: str) -> Trial:
         t0 = time.perf_counter()
         await OARunner.run(agent, turn_payload(index).user, session=session)
         per_turn.append(time.perf_counter() - t0)
+    return await _openai_trial(session, path, started, per_turn)
+
+
+async def _openai_trial(
+    session: Any, path: Path, started: float, per_turn: list[float]
+) -> Trial:
+    """Close an OpenAI Agents ``SQLiteSession`` and time a full load from a fresh one."""
+    from agents import SQLiteSession
+
     total = time.perf_counter() - started
     session.close()
     size = db_bytes(path)
@@ -392,16 +401,7 @@ async def run_openai_session(folder: Path, n: int, synchronous: str) -> Trial:
             ]
         )  # type: ignore[list-item]
         per_turn.append(time.perf_counter() - t0)
-    total = time.perf_counter() - started
-    session.close()
-    size = db_bytes(path)
-    gc.collect()  # a collection of earlier garbage is not the load's cost
-    t0 = time.perf_counter()
-    fresh = SQLiteSession("s1", str(path))
-    items = await fresh.get_items()
-    load = time.perf_counter() - t0
-    fresh.close()
-    return Trial(per_turn, total, size, load, len(items))
+    return await _openai_trial(session, path, started, per_turn)
 
 
 CONTENDERS: dict[str, Runner] = {
