@@ -34,7 +34,8 @@ from typing import Any
 import anyio
 
 from anabranch import Agent, AnthropicModel, ContextPolicy, Runtime, tool
-from anabranch.context.messages import (
+from anabranch.context._pricing import Cost, PriceTable
+from anabranch.messages import (
     Block,
     Message,
     ModelRequest,
@@ -45,14 +46,13 @@ from anabranch.context.messages import (
     Usage,
     messages_to_json,
 )
-from anabranch.context.pricing import Cost, PriceTable
-from anabranch.runtime.builtins import BuiltinTool, ToolOutcome
-from anabranch.runtime.loop import AgentRun
-from anabranch.runtime.pipeline import ContextPipeline, PassThroughPipeline
-from anabranch.runtime.runtime import default_builtins, default_pipeline
+from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
+from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._pipeline import ContextPipeline, PassThroughPipeline
+from anabranch.runtime._runtime import default_builtins, default_pipeline
 from anabranch.store import BoundaryRecord
 from anabranch.testing import MessagesServer
-from anabranch.testing.models import is_summary_request
+from anabranch.testing._models import is_summary_request
 
 MODEL = "claude-sonnet-5-5"
 MIN_CACHE_TOKENS = 1024

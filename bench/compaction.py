@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from anabranch import Agent, ContextPolicy, Message, ModelRequest, ModelResponse, Runtime
-from anabranch.context.messages import TextBlock, ToolResultBlock, ToolUseBlock
-from anabranch.runtime.loop import AgentRun
-from anabranch.runtime.recall import RecallTool
+from anabranch.messages import TextBlock, ToolResultBlock, ToolUseBlock
+from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._recall import RecallTool
 from anabranch.testing import TestModel
-from anabranch.testing.models import is_summary_request, usage_for
+from anabranch.testing._models import is_summary_request, usage_for
 from bench.common import fresh_path, noop_tracer_provider, stats, turn_payload
 from bench.ours import ChatStore, new_session
 

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 
 from anabranch import Agent, ContextPolicy, ModelRequest, ModelResponse, Runtime, Usage, tool
-from anabranch.context.messages import TextBlock, ToolUseBlock
+from anabranch.messages import TextBlock, ToolUseBlock
 from bench.common import fresh_path, noop_tracer_provider, stats
 
 CALLS_PER_RUN = 10

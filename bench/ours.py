@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from anabranch import Agent, ContextPolicy, Message, ModelRequest, ModelResponse, Usage, tool
-from anabranch.context.messages import TextBlock, ToolUseBlock
-from anabranch.runtime.loop import AgentRun, Environment, new_id
-from anabranch.runtime.runtime import Runtime
+from anabranch.messages import TextBlock, ToolUseBlock
+from anabranch.runtime._loop import AgentRun, Environment, new_id
+from anabranch.runtime._runtime import Runtime
 from anabranch.store import SessionRecord, SQLiteStore
 from bench.common import tool_result_for
 

@@ -137,8 +137,8 @@ async def run_floor(folder: Path, n: int, synchronous: str) -> Trial:
 
 # --------------------------------------------------------------------------- anabranch
 async def run_anabranch(folder: Path, n: int, synchronous: str) -> Trial:
-    from anabranch.runtime.loop import AgentRun
-    from anabranch.runtime.runtime import Runtime
+    from anabranch.runtime._loop import AgentRun
+    from anabranch.runtime._runtime import Runtime
     from anabranch.store import RunRecord
     from bench.ours import ScriptedModel, bench_agent, chat_turn, new_session
 
@@ -354,9 +354,7 @@ async def run_openai_agents(folder: Path, n: int, synchronous: str) -> Trial:
     return await _openai_trial(session, path, started, per_turn)
 
 
-async def _openai_trial(
-    session: Any, path: Path, started: float, per_turn: list[float]
-) -> Trial:
+async def _openai_trial(session: Any, path: Path, started: float, per_turn: list[float]) -> Trial:
     """Close an OpenAI Agents ``SQLiteSession`` and time a full load from a fresh one."""
     from agents import SQLiteSession
 

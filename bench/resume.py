@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from anabranch import Agent, ContextPolicy, Message, ModelRequest, ModelResponse, Runtime, Usage
-from anabranch.context.messages import TextBlock, ToolResultBlock, ToolUseBlock, canonical_json
-from anabranch.runtime.loop import AgentRun
+from anabranch.messages import TextBlock, ToolResultBlock, ToolUseBlock, canonical_json
+from anabranch.runtime._loop import AgentRun
 from anabranch.store import BoundaryRecord, RunRecord, SessionRecord, SQLiteStore
 from bench.common import db_bytes, fresh_path, stats, text, turn_payload
 from bench.ours import lookup

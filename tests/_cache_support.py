@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from anabranch import Agent, tool
-from anabranch.context.messages import (
+from anabranch.messages import (
     Message,
     ModelRequest,
     ModelResponse,
@@ -19,8 +19,8 @@ from anabranch.context.messages import (
     Usage,
     messages_to_json,
 )
-from anabranch.runtime.loop import AgentRun
-from anabranch.runtime.pipeline import PassThroughPipeline
+from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.store import BoundaryRecord
 from anabranch.testing import FunctionModel
 
@@ -78,7 +78,7 @@ class FakeClock:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.now = time.time()
-        monkeypatch.setattr("anabranch.runtime.loop.time", SimpleNamespace(time=self))
+        monkeypatch.setattr("anabranch.runtime._loop.time", SimpleNamespace(time=self))
 
     def __call__(self) -> float:
         return self.now

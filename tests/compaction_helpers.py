@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anabranch import Agent, ContextPolicy, RetryPolicy, ToolContext, tool
-from anabranch.context.messages import Block, Message, ModelRequest
-from anabranch.context.pairing import pairing_violations
-from anabranch.context.tokens import estimate_request
+from anabranch.context._pairing import pairing_violations
+from anabranch.context._tokens import estimate_request
+from anabranch.messages import Block, Message, ModelRequest
 from anabranch.testing import FunctionModel, TestModel
-from anabranch.testing.models import is_summary_request
+from anabranch.testing._models import is_summary_request
 
 FAST_RETRY = RetryPolicy(max_attempts=3, base_delay=0.0, max_delay=0.0)
 
@@ -96,7 +96,7 @@ class Checked:
 
 
 def _text(value: str) -> Block:
-    from anabranch.context.messages import TextBlock
+    from anabranch.messages import TextBlock
 
     return TextBlock(text=value)
 

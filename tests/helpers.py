@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from anabranch.context.messages import Block, ModelRequest, TextBlock, ToolUseBlock
+from anabranch.messages import Block, ModelRequest, TextBlock, ToolUseBlock
 
 _ids = itertools.count(1)
 

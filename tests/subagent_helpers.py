@@ -9,7 +9,8 @@ from typing import Any
 
 import anyio
 
-from anabranch.context.messages import (
+from anabranch.context._pairing import pairing_violations
+from anabranch.messages import (
     Block,
     Message,
     ModelRequest,
@@ -17,7 +18,6 @@ from anabranch.context.messages import (
     ToolUseBlock,
     canonical_json,
 )
-from anabranch.context.pairing import pairing_violations
 from anabranch.store import RunRecord, SQLiteStore
 from anabranch.testing import FunctionModel
 

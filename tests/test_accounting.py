@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from anabranch import Runtime, Usage
-from anabranch.runtime.loader import load_object
+from anabranch.runtime._loader import load_object
 from anabranch.testing import TestModel
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

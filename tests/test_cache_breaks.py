@@ -12,10 +12,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from anabranch import Runtime
 from anabranch.cli import main
-from anabranch.context.messages import SystemBlock, ToolDefinition, Usage
 from anabranch.errors import ModelConnectionError
-from anabranch.runtime.loop import AgentRun
-from anabranch.runtime.retry import RetryPolicy
+from anabranch.messages import SystemBlock, ToolDefinition, Usage
+from anabranch.models._retry import RetryPolicy
+from anabranch.runtime._loop import AgentRun
 from anabranch.testing import FunctionModel
 
 from ._cache_support import Action, FakeClock, ScriptedPipeline, agent, compact, tool_loop

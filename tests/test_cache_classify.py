@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from anabranch.context.cache import CallCacheState, classify_cache_break, expected_cache_read
-from anabranch.context.messages import Usage
+from anabranch.context._cache import CallCacheState, classify_cache_break, expected_cache_read
+from anabranch.messages import Usage
 
 BEFORE = CallCacheState(
     model="m",

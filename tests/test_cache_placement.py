@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from anabranch.context.cache import LOOKBACK_BLOCKS, MAX_BREAKPOINTS, place_breakpoints
-from anabranch.context.messages import (
+from anabranch.context._cache import LOOKBACK_BLOCKS, MAX_BREAKPOINTS, place_breakpoints
+from anabranch.messages import (
     Message,
     ModelRequest,
     SystemBlock,

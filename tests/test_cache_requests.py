@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from anabranch import Agent, ContextPolicy, Runtime, tool
-from anabranch.context.cache import MAX_BREAKPOINTS
-from anabranch.context.messages import ToolDefinition, ToolUseBlock
-from anabranch.context.prompt import DYNAMIC_BOUNDARY
-from anabranch.runtime.anthropic_model import request_to_params
-from anabranch.runtime.builtins import ToolOutcome
-from anabranch.runtime.loop import AgentRun
+from anabranch.context._cache import MAX_BREAKPOINTS
+from anabranch.context._prompt import DYNAMIC_BOUNDARY
+from anabranch.messages import ToolDefinition, ToolUseBlock
+from anabranch.models._anthropic import request_to_params
+from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._loop import AgentRun
 
 from ._cache_support import agent, probe, tool_loop
 

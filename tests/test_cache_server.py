@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from anabranch import AnthropicModel, ContextPolicy, Runtime
-from anabranch.context.cache import MAX_BREAKPOINTS
-from anabranch.context.messages import Message, ModelRequest, ToolDefinition, Usage
-from anabranch.context.tokens import estimate_request
+from anabranch.context._cache import MAX_BREAKPOINTS
+from anabranch.context._tokens import estimate_request
 from anabranch.errors import ModelError
-from anabranch.runtime.loop import AgentRun
-from anabranch.runtime.retry import RetryPolicy
+from anabranch.messages import Message, ModelRequest, ToolDefinition, Usage
+from anabranch.models._retry import RetryPolicy
+from anabranch.runtime._loop import AgentRun
 from anabranch.testing import ManualClock, MessagesServer
-from anabranch.testing.records import RequestRecord
+from anabranch.testing._records import RequestRecord
 
 from ._cache_support import Action, FakeClock, ScriptedPipeline, agent, compact, tool_loop
 
@@ -77,7 +77,7 @@ async def test_resume_after_bootstrap_change_reads_the_cache(
     workspace.mkdir()
     (workspace / "AGENTS.md").write_text("Project rules: be careful. " * 10)
     moment = [dt.datetime(2026, 11, 30, 9, 0, tzinfo=dt.UTC)]
-    monkeypatch.setattr("anabranch.runtime.bootstrap.now", lambda: moment[0])
+    monkeypatch.setattr("anabranch.runtime._bootstrap.now", lambda: moment[0])
     worker = agent(instructions=INSTRUCTIONS, workspace=workspace, include_date=True)
     db = tmp_path / "a.db"
     async with MessagesServer(tool_loop(4), min_cache_tokens=50) as srv:
@@ -139,7 +139,7 @@ async def test_cause_on_the_server(tmp_path: Path, action: Action, cause: str) -
 
 async def test_system_change_on_the_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     moment = [dt.datetime(2026, 11, 30, 9, 0, tzinfo=dt.UTC)]
-    monkeypatch.setattr("anabranch.runtime.bootstrap.now", lambda: moment[0])
+    monkeypatch.setattr("anabranch.runtime._bootstrap.now", lambda: moment[0])
 
     async def tick(run: AgentRun) -> None:
         moment[0] += dt.timedelta(seconds=5)

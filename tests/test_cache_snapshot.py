@@ -11,9 +11,9 @@ import pytest
 
 from anabranch import Runtime
 from anabranch.cli import main
-from anabranch.context.messages import ModelRequest
 from anabranch.errors import ModelConnectionError
-from anabranch.runtime.retry import RetryPolicy
+from anabranch.messages import ModelRequest
+from anabranch.models._retry import RetryPolicy
 from anabranch.testing import FunctionModel
 
 from ._cache_support import ScriptedPipeline, agent, compact, tool_loop
@@ -34,7 +34,7 @@ def workspace(tmp_path: Path) -> Path:
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[dt.datetime]:
     """The date the prompt sees; replace ``clock[0]`` to move it."""
     moment = [dt.datetime(2026, 11, 30, 9, 0, tzinfo=dt.UTC)]
-    monkeypatch.setattr("anabranch.runtime.bootstrap.now", lambda: moment[0])
+    monkeypatch.setattr("anabranch.runtime._bootstrap.now", lambda: moment[0])
     return moment
 
 

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from anabranch.context.budget import (
+from anabranch.context._budget import (
     clear_tool_results,
     is_cleared,
     preview,
     spill_handle,
 )
-from anabranch.context.compaction import (
+from anabranch.context._compaction import (
     Split,
     SummaryError,
     choose_split,
@@ -29,16 +29,16 @@ from anabranch.context.compaction import (
     verbatim_context,
     windowed_context,
 )
-from anabranch.context.layout import close_ranges, encode_layout, expand_ranges
-from anabranch.context.messages import (
+from anabranch.context._layout import close_ranges, encode_layout, expand_ranges
+from anabranch.context._pairing import pairing_violations
+from anabranch.context._tokens import estimate_messages
+from anabranch.messages import (
     Block,
     Message,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
-from anabranch.context.pairing import pairing_violations
-from anabranch.context.tokens import estimate_messages
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

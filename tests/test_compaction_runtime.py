@@ -12,15 +12,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from anabranch import Agent, Runtime, ToolContext, tool
 from anabranch.agents import ContextPolicy
-from anabranch.context.compaction import CompactionEvent, is_compaction_message
-from anabranch.context.messages import (
-    Message,
-    ModelRequest,
-    TextBlock,
-    ToolDefinition,
-    ToolUseBlock,
-)
-from anabranch.context.tokens import estimate_request
+from anabranch.context._compaction import CompactionEvent, is_compaction_message
+from anabranch.context._tokens import estimate_request
 from anabranch.errors import (
     CompactionFailedError,
     ModelAPIError,
@@ -28,11 +21,18 @@ from anabranch.errors import (
     OverloadedError,
     PromptTooLongError,
 )
-from anabranch.runtime.builtins import ToolOutcome
-from anabranch.runtime.loop import AgentRun
-from anabranch.runtime.runtime import default_builtins
+from anabranch.messages import (
+    Message,
+    ModelRequest,
+    TextBlock,
+    ToolDefinition,
+    ToolUseBlock,
+)
+from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._runtime import default_builtins
 from anabranch.testing import FunctionModel
-from anabranch.testing.models import is_summary_request
+from anabranch.testing._models import is_summary_request
 
 from .compaction_helpers import FAST_RETRY, Checked, extra, fetch, huge, small_agent
 
@@ -583,7 +583,7 @@ async def test_context_tokens_use_the_last_usage_plus_an_estimate(tmp_path: Path
     assert run.last_usage is not None and run.appended_since_usage == []
     usage = run.last_usage
     assert run.context_tokens == usage.total_input_tokens + usage.output_tokens
-    from anabranch.context.messages import Usage
+    from anabranch.messages import Usage
 
     run.last_usage = Usage(input_tokens=100, cache_read_input_tokens=50, output_tokens=7)
     run.appended_since_usage = [Message.user("x" * 400)]

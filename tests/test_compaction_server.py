@@ -17,7 +17,7 @@ import pytest
 
 from anabranch import AnthropicModel, Runtime
 from anabranch.testing import MessagesServer, TestModel
-from anabranch.testing.models import is_summary_request
+from anabranch.testing._models import is_summary_request
 
 pytestmark = pytest.mark.anyio
 

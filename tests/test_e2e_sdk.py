@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from anabranch import Agent, AnthropicModel, RetryPolicy, Runtime, tool
-from anabranch.context.messages import ModelRequest, ModelResponse
-from anabranch.runtime.results import RunResult
+from anabranch.messages import ModelRequest, ModelResponse
+from anabranch.runtime._results import RunResult
 from anabranch.store import CallRecord, MessageRecord
 from anabranch.testing import FaultKind, FunctionModel, MessagesServer, TestModel
 

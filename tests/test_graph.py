@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from anabranch import Agent, ContextPolicy, Graph, GraphResult, Runtime, Task, tool
-from anabranch.context.messages import ModelRequest
 from anabranch.errors import ModelAPIError
-from anabranch.runtime.report import session_tree
+from anabranch.messages import ModelRequest
+from anabranch.runtime._report import session_tree
 from anabranch.testing import TestModel
 
 from .subagent_helpers import (

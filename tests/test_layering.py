@@ -10,14 +10,14 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "anabranch"
 
 ALLOWED = {
-    "agents": {"agents", "errors"},
-    "context": {"context", "agents", "errors"},
+    "agents": {"agents", "errors", "messages"},
+    "context": {"context", "agents", "errors", "messages"},
     "store": {"store", "errors", "_process"},
-    "traces": {"traces", "context", "errors"},
+    "traces": {"traces", "context", "errors", "messages"},
 }
 EXCEPTIONS = {
     # the CLI's SDK configuration finds the Phoenix that `anabranch ui` started
-    ("traces", "configure.py", "anabranch.ui.phoenix"),
+    ("traces", "configure.py", "anabranch.ui._phoenix"),
 }
 IO_MODULES = {"sqlite3", "sqlite_utils", "socket", "subprocess", "httpx2", "anthropic", "anyio"}
 

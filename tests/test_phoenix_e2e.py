@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from anabranch.cli import main
-from anabranch.ui import phoenix
+from anabranch.ui import _phoenix as phoenix
 
 pytestmark = pytest.mark.slow
 

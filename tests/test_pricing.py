@@ -8,8 +8,8 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from anabranch.context.messages import Usage
-from anabranch.context.pricing import ModelPrice, PriceTable
+from anabranch.context._pricing import ModelPrice, PriceTable
+from anabranch.messages import Usage
 
 
 def test_cache_prices_follow_the_api_multipliers() -> None:

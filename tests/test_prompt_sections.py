@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from anabranch.context.prompt import (
+from anabranch.context._prompt import (
     DYNAMIC_BOUNDARY,
     BootstrapText,
     SubagentInfo,

@@ -11,13 +11,13 @@ import pytest
 import sqlite_utils
 
 from anabranch import Agent, ContextPolicy, Runtime, ToolContext, tool
-from anabranch.context.messages import ModelRequest, TextBlock, ToolUseBlock
-from anabranch.context.pairing import pairing_violations
-from anabranch.runtime.builtins import ToolOutcome
-from anabranch.runtime.loop import AgentRun
-from anabranch.runtime.recall import RecallTool
+from anabranch.context._pairing import pairing_violations
+from anabranch.messages import ModelRequest, TextBlock, ToolUseBlock
+from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._recall import RecallTool
 from anabranch.store import SQLiteStore
-from anabranch.store.schema import APP_ID, MIGRATIONS
+from anabranch.store._schema import APP_ID, MIGRATIONS
 from anabranch.testing import FunctionModel
 
 from .compaction_helpers import Checked, huge, small_agent

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
-from anabranch.context import messages as messages_module
-from anabranch.context.messages import (
+from anabranch import messages as messages_module
+from anabranch.messages import (
     Message,
     ModelRequest,
     SystemBlock,

@@ -18,17 +18,17 @@ import anyio
 import pytest
 
 from anabranch import Agent, Runtime, ToolContext, tool
-from anabranch.context.messages import (
+from anabranch.errors import LeaseLostError, SessionBusyError
+from anabranch.messages import (
     Block,
     ModelRequest,
     ToolResultBlock,
     ToolUseBlock,
 )
-from anabranch.errors import LeaseLostError, SessionBusyError
-from anabranch.runtime.builtins import ToolOutcome
-from anabranch.runtime.loop import INTERRUPTED_REPORT, AgentRun
-from anabranch.runtime.pipeline import PassThroughPipeline
-from anabranch.runtime.retry import RetryPolicy
+from anabranch.models._retry import RetryPolicy
+from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._loop import INTERRUPTED_REPORT, AgentRun
+from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.testing import FunctionModel
 
 pytestmark = pytest.mark.anyio

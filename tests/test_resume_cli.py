@@ -14,8 +14,8 @@ import pytest
 
 from anabranch import Agent, Runtime
 from anabranch.cli import main
-from anabranch.context.messages import ModelRequest
 from anabranch.errors import DatabaseError, SessionNotFoundError
+from anabranch.messages import ModelRequest
 from anabranch.testing import FunctionModel
 
 AGENT_FILE = """

@@ -12,12 +12,12 @@ import anyio
 import pytest
 
 from anabranch import Agent, ContextPolicy, Runtime, ToolContext, tool
-from anabranch.context.messages import ModelRequest, ModelResponse
-from anabranch.runtime.retry import RetryPolicy
+from anabranch.messages import ModelRequest, ModelResponse
+from anabranch.models._retry import RetryPolicy
 from anabranch.testing import TestModel
-from anabranch.testing.models import is_summary_request
+from anabranch.testing._models import is_summary_request
 
-pytest.importorskip("anabranch.runtime.compactor", reason="compaction has not landed yet")
+pytest.importorskip("anabranch.runtime._compactor", reason="compaction has not landed yet")
 
 pytestmark = pytest.mark.anyio
 

@@ -14,14 +14,14 @@ import anyio
 import pytest
 
 from anabranch import Runtime
-from anabranch.context.compaction import CompactionEvent, is_compaction_message
-from anabranch.context.messages import Message, ModelRequest
+from anabranch.context._compaction import CompactionEvent, is_compaction_message
 from anabranch.errors import ModelAPIError, SessionBusyError, UserError
-from anabranch.runtime.compactor import breaker_open, consecutive_failures
-from anabranch.runtime.loop import AgentRun
+from anabranch.messages import Message, ModelRequest
+from anabranch.runtime._compactor import breaker_open, consecutive_failures
+from anabranch.runtime._loop import AgentRun
 from anabranch.store import BoundaryRecord
 from anabranch.testing import FunctionModel
-from anabranch.testing.models import is_summary_request
+from anabranch.testing._models import is_summary_request
 
 from .compaction_helpers import Checked, small_agent
 

@@ -12,9 +12,8 @@ import anyio
 import pytest
 
 from anabranch import Agent, RetryPolicy, Runtime, ToolContext, tool
-from anabranch.context.messages import Message, ModelRequest, TextBlock
-from anabranch.context.pairing import pairing_violations
-from anabranch.context.tokens import estimate_request
+from anabranch.context._pairing import pairing_violations
+from anabranch.context._tokens import estimate_request
 from anabranch.errors import (
     MaxTurnsExceeded,
     ModelConnectionError,
@@ -22,6 +21,7 @@ from anabranch.errors import (
     PromptTooLongError,
     RateLimitedError,
 )
+from anabranch.messages import Message, ModelRequest, TextBlock
 from anabranch.testing import FunctionModel, TestModel
 
 from .helpers import call, script

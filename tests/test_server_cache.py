@@ -13,8 +13,8 @@ from anthropic.types import Usage
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from anabranch.context.messages import ModelRequest, SystemBlock, ToolDefinition
-from anabranch.context.tokens import estimate_request
+from anabranch.context._tokens import estimate_request
+from anabranch.messages import ModelRequest, SystemBlock, ToolDefinition
 from anabranch.testing import ManualClock, MessagesServer, TestModel
 from anabranch.testing._cache import PromptCache, prefix_blocks
 from anabranch.testing._wire import parse_body

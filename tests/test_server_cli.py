@@ -12,7 +12,7 @@ import anthropic
 import anyio
 import pytest
 
-from anabranch.testing.cli import cmd_serve, register
+from anabranch.cli._testing import cmd_serve, register
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -29,7 +29,7 @@ async def test_serve_prints_port_first_and_answers() -> None:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
     }
-    command = [sys.executable, "-m", "anabranch.testing.server", "--port", "0", "--rounds", "0"]
+    command = [sys.executable, "-m", "anabranch.testing", "--port", "0", "--rounds", "0"]
     process = await anyio.open_process(command, env=env)
     try:
         assert process.stdout is not None

@@ -10,7 +10,6 @@ import anthropic
 import httpx2
 import pytest
 
-from anabranch.context.messages import Message, ModelRequest
 from anabranch.errors import (
     ModelConnectionError,
     OverloadedError,
@@ -18,7 +17,8 @@ from anabranch.errors import (
     RateLimitedError,
     ServerError,
 )
-from anabranch.runtime.anthropic_model import AnthropicModel
+from anabranch.messages import Message, ModelRequest
+from anabranch.models._anthropic import AnthropicModel
 from anabranch.testing import Fault, FaultKind, FaultPlan, MessagesServer, TestModel
 
 pytestmark = pytest.mark.anyio

@@ -11,14 +11,14 @@ import anyio
 import httpx2
 import pytest
 
-from anabranch.context.messages import (
+from anabranch.errors import ModelConnectionError, RateLimitedError
+from anabranch.messages import (
     ModelRequest,
     ModelResponse,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
-from anabranch.errors import ModelConnectionError, RateLimitedError
 from anabranch.testing import (
     FunctionModel,
     MessagesServer,

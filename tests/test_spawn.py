@@ -9,12 +9,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from anabranch import Agent, ContextPolicy, Runtime, SpawnLimits, tool
-from anabranch.context.messages import ModelRequest, TextBlock
-from anabranch.context.pairing import pairing_violations
+from anabranch.context._pairing import pairing_violations
 from anabranch.errors import ModelAPIError
-from anabranch.runtime.loop import AgentRun
-from anabranch.runtime.pipeline import PassThroughPipeline
-from anabranch.runtime.spawn import fork_definition
+from anabranch.messages import ModelRequest, TextBlock
+from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._pipeline import PassThroughPipeline
+from anabranch.runtime._spawn import fork_definition
 from anabranch.testing import TestModel
 
 from .subagent_helpers import (

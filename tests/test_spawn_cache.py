@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from anabranch import Agent, AnthropicModel, Runtime
-from anabranch.context.messages import ModelRequest, Usage
+from anabranch.messages import ModelRequest, Usage
 from anabranch.testing import FunctionModel, MessagesServer
 
 from .subagent_helpers import first_turn, runs_by_agent, spawn

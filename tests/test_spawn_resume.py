@@ -10,10 +10,10 @@ import anyio
 import pytest
 
 from anabranch import Agent, ContextPolicy, Runtime, ToolContext, tool
-from anabranch.context.messages import ModelRequest
-from anabranch.runtime.children import open_run
-from anabranch.runtime.loop import AgentRun
-from anabranch.runtime.spawn import SpawnTool
+from anabranch.messages import ModelRequest
+from anabranch.runtime._children import open_run
+from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._spawn import SpawnTool
 from anabranch.store import RunRecord, SessionRecord
 
 from .subagent_helpers import (

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from anabranch import Agent, Runtime, Usage, tool
-from anabranch.runtime.loop import AgentRun
+from anabranch.runtime._loop import AgentRun
 from anabranch.store import BoundaryRecord
 from anabranch.testing import TestModel
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from anabranch import Runtime
-from anabranch.runtime.loader import load_object
+from anabranch.runtime._loader import load_object
 from anabranch.testing import TestModel
 
 pytestmark = pytest.mark.anyio

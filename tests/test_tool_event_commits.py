@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from anabranch import Agent, Runtime, tool
-from anabranch.context.messages import ModelRequest, TextBlock, ToolUseBlock
-from anabranch.runtime.loop import INTERRUPTED_REPORT
+from anabranch.messages import ModelRequest, TextBlock, ToolUseBlock
+from anabranch.runtime._loop import INTERRUPTED_REPORT
 from anabranch.testing import FunctionModel
 
 pytestmark = pytest.mark.anyio

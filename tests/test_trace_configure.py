@@ -15,7 +15,7 @@ import pytest
 from anabranch.cli import main
 from anabranch.errors import UserError
 from anabranch.traces.configure import TraceSettings, configure, otlp_traces_url
-from anabranch.ui import phoenix
+from anabranch.ui import _phoenix as phoenix
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = f"{ROOT / 'examples' / 'research.py'}:supervisor"
@@ -200,7 +200,7 @@ async def test_unreachable_collector_drops_spans_without_raising(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from anabranch import Runtime
-    from anabranch.runtime.loader import load_object
+    from anabranch.runtime._loader import load_object
     from anabranch.testing import TestModel
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1")
@@ -286,7 +286,7 @@ def test_otlp_json_encodes_types_events_links_and_status(tmp_path: Path) -> None
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
-    from anabranch.traces.file_exporter import OTLPJsonLinesExporter
+    from anabranch.traces._file_exporter import OTLPJsonLinesExporter
 
     path = tmp_path / "x.jsonl"
     exporter = OTLPJsonLinesExporter(path)

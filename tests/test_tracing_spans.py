@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_trace_id
 
 from anabranch import Agent, AnthropicModel, ModelRequest, RetryPolicy, Runtime, ToolContext, tool
-from anabranch.context.messages import ModelResponse, TextBlock, ToolUseBlock, Usage
 from anabranch.errors import ModelConnectionError, ModelError
+from anabranch.messages import ModelResponse, TextBlock, ToolUseBlock, Usage
 from anabranch.testing import FunctionModel, TestModel
 
 pytestmark = pytest.mark.anyio
@@ -344,7 +344,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(reference: str) -> Agent:
-    from anabranch.runtime.loader import load_object
+    from anabranch.runtime._loader import load_object
 
     agent = load_object(f"{ROOT / 'examples' / reference}")
     assert isinstance(agent, Agent)

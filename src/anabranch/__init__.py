@@ -8,41 +8,87 @@ from anabranch.agents import Task as Task
 from anabranch.agents import Tool as Tool
 from anabranch.agents import ToolContext as ToolContext
 from anabranch.agents import tool as tool
-from anabranch.context.compaction import CompactionEvent as CompactionEvent
-from anabranch.context.messages import Message as Message
-from anabranch.context.messages import ModelRequest as ModelRequest
-from anabranch.context.messages import ModelResponse as ModelResponse
-from anabranch.context.messages import Usage as Usage
-from anabranch.runtime.anthropic_model import AnthropicModel as AnthropicModel
-from anabranch.runtime.model import Model as Model
-from anabranch.runtime.results import GraphResult as GraphResult
-from anabranch.runtime.results import RunResult as RunResult
-from anabranch.runtime.results import TaskResult as TaskResult
-from anabranch.runtime.retry import RetryPolicy as RetryPolicy
-from anabranch.runtime.runtime import Runtime as Runtime
-from anabranch.runtime.spawn import SpawnLimits as SpawnLimits
+from anabranch.context._compaction import CompactionEvent as CompactionEvent
+from anabranch.errors import AnabranchError as AnabranchError
+from anabranch.errors import CompactionFailedError as CompactionFailedError
+from anabranch.errors import DatabaseError as DatabaseError
+from anabranch.errors import LeaseLostError as LeaseLostError
+from anabranch.errors import MaxTurnsExceeded as MaxTurnsExceeded
+from anabranch.errors import ModelAPIError as ModelAPIError
+from anabranch.errors import ModelConnectionError as ModelConnectionError
+from anabranch.errors import ModelError as ModelError
+from anabranch.errors import OverloadedError as OverloadedError
+from anabranch.errors import PromptTooLongError as PromptTooLongError
+from anabranch.errors import RateLimitedError as RateLimitedError
+from anabranch.errors import RunError as RunError
+from anabranch.errors import ServerError as ServerError
+from anabranch.errors import SessionBusyError as SessionBusyError
+from anabranch.errors import SessionNotFoundError as SessionNotFoundError
+from anabranch.errors import ToolDefinitionError as ToolDefinitionError
+from anabranch.errors import UserError as UserError
+from anabranch.messages import Block as Block
+from anabranch.messages import Message as Message
+from anabranch.messages import ModelRequest as ModelRequest
+from anabranch.messages import ModelResponse as ModelResponse
+from anabranch.messages import SystemBlock as SystemBlock
+from anabranch.messages import TextBlock as TextBlock
+from anabranch.messages import ToolDefinition as ToolDefinition
+from anabranch.messages import ToolResultBlock as ToolResultBlock
+from anabranch.messages import ToolUseBlock as ToolUseBlock
+from anabranch.messages import Usage as Usage
+from anabranch.models import AnthropicModel as AnthropicModel
+from anabranch.models import Model as Model
+from anabranch.models import RetryPolicy as RetryPolicy
+from anabranch.runtime import GraphResult as GraphResult
+from anabranch.runtime import RunResult as RunResult
+from anabranch.runtime import Runtime as Runtime
+from anabranch.runtime import SpawnLimits as SpawnLimits
+from anabranch.runtime import TaskResult as TaskResult
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Agent",
+    "AnabranchError",
     "AnthropicModel",
+    "Block",
     "CompactionEvent",
+    "CompactionFailedError",
     "ContextPolicy",
+    "DatabaseError",
     "Graph",
     "GraphResult",
+    "LeaseLostError",
+    "MaxTurnsExceeded",
     "Message",
     "Model",
+    "ModelAPIError",
+    "ModelConnectionError",
+    "ModelError",
     "ModelRequest",
     "ModelResponse",
+    "OverloadedError",
+    "PromptTooLongError",
+    "RateLimitedError",
     "RetryPolicy",
+    "RunError",
     "RunResult",
     "Runtime",
+    "ServerError",
+    "SessionBusyError",
+    "SessionNotFoundError",
     "SpawnLimits",
+    "SystemBlock",
     "Task",
     "TaskResult",
+    "TextBlock",
     "Tool",
     "ToolContext",
+    "ToolDefinition",
+    "ToolDefinitionError",
+    "ToolResultBlock",
+    "ToolUseBlock",
     "Usage",
+    "UserError",
     "tool",
 ]

@@ -30,13 +30,13 @@ import anyio
 import httpx2
 
 from anabranch import Runtime
-from anabranch.context.messages import Message, ModelRequest, ModelResponse, TextBlock, ToolUseBlock
-from anabranch.runtime.anthropic_model import AnthropicModel
-from anabranch.runtime.model import Model
-from anabranch.runtime.retry import RetryPolicy
-from anabranch.store.sqlite import SQLiteStore
+from anabranch.messages import Message, ModelRequest, ModelResponse, TextBlock, ToolUseBlock
+from anabranch.models._anthropic import AnthropicModel
+from anabranch.models._base import Model
+from anabranch.models._retry import RetryPolicy
+from anabranch.store._sqlite import SQLiteStore
+from anabranch.testing._models import is_summary_request
 from anabranch.testing._wire import sse_event, stream_events
-from anabranch.testing.models import is_summary_request
 from tests.crash import scenario
 
 __all__ = ["IN_PROCESS_EVENTS", "Spec", "child_main"]
@@ -200,6 +200,7 @@ async def _main(spec: Spec) -> None:
         graphs=[scenario.GRAPH],
         synchronous=spec.synchronous,  # type: ignore[arg-type]
     ) as rt:
+
         def announce(session_id: str) -> None:
             _write_atomically(spec.session_file, session_id)
 

@@ -34,10 +34,10 @@ from typing import Any
 
 import anyio
 
-from anabranch.context.messages import ModelRequest, ModelResponse, canonical_json
-from anabranch.context.pairing import pairing_violations
-from anabranch.runtime.model import Model
-from anabranch.testing.records import RequestRecord
+from anabranch.context._pairing import pairing_violations
+from anabranch.messages import ModelRequest, ModelResponse, canonical_json
+from anabranch.models._base import Model
+from anabranch.testing._records import RequestRecord
 from tests.crash.driver import IN_PROCESS_EVENTS, Spec, child_main
 from tests.crash.scenario import SIDE_EFFECT_TOOLS
 

@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from anabranch import Agent, ContextPolicy, Graph, Task, ToolContext, tool
-from anabranch.context.messages import ModelRequest, ModelResponse
+from anabranch.messages import ModelRequest, ModelResponse
 from anabranch.testing import TestModel
 
 __all__ = [

@@ -53,9 +53,7 @@ async def test_sigkill_anywhere_then_resume_by_id_finishes_exactly_once(
 ) -> None:
     switch = KillSwitch(ScenarioModel())
     async with MessagesServer(policy=switch) as server:
-        harness = Harness(
-            server.base_url, anyio_backend, switch, synchronous="NORMAL", kind=kind
-        )
+        harness = Harness(server.base_url, anyio_backend, switch, synchronous="NORMAL", kind=kind)
         first = await harness.run_chain(tmp_path / "reference", [])
         assert first.session_id is not None and not first.kills
         reference = transcript(first.db, first.session_id)

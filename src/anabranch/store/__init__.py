@@ -1,16 +1,19 @@
-"""Persistence: the write-ahead SQLite store. Knows nothing of models or contexts."""
+"""Persistence: the ``Store`` protocol, its records, and the SQLite backend.
 
-from anabranch.store.records import BoundaryRecord as BoundaryRecord
-from anabranch.store.records import CallRecord as CallRecord
-from anabranch.store.records import HistoryHit as HistoryHit
-from anabranch.store.records import MessageRecord as MessageRecord
-from anabranch.store.records import RunRecord as RunRecord
-from anabranch.store.records import RunStatus as RunStatus
-from anabranch.store.records import SessionRecord as SessionRecord
-from anabranch.store.records import SnapshotRecord as SnapshotRecord
-from anabranch.store.records import SpillRecord as SpillRecord
-from anabranch.store.records import ToolEventRecord as ToolEventRecord
-from anabranch.store.sqlite import SQLiteStore as SQLiteStore
+Knows nothing of models or contexts."""
+
+from anabranch.store._protocol import Store as Store
+from anabranch.store._records import BoundaryRecord as BoundaryRecord
+from anabranch.store._records import CallRecord as CallRecord
+from anabranch.store._records import HistoryHit as HistoryHit
+from anabranch.store._records import MessageRecord as MessageRecord
+from anabranch.store._records import RunRecord as RunRecord
+from anabranch.store._records import RunStatus as RunStatus
+from anabranch.store._records import SessionRecord as SessionRecord
+from anabranch.store._records import SnapshotRecord as SnapshotRecord
+from anabranch.store._records import SpillRecord as SpillRecord
+from anabranch.store._records import ToolEventRecord as ToolEventRecord
+from anabranch.store._sqlite import SQLiteStore as SQLiteStore
 
 __all__ = [
     "BoundaryRecord",
@@ -23,5 +26,6 @@ __all__ = [
     "SessionRecord",
     "SnapshotRecord",
     "SpillRecord",
+    "Store",
     "ToolEventRecord",
 ]

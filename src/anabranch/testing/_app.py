@@ -15,8 +15,7 @@ from typing import Any, Literal
 
 import anyio
 
-from anabranch.context.messages import ModelResponse, ToolResultBlock, Usage
-from anabranch.context.tokens import estimate_request
+from anabranch.context._tokens import estimate_request
 from anabranch.errors import (
     ModelAPIError,
     ModelConnectionError,
@@ -24,11 +23,13 @@ from anabranch.errors import (
     PromptTooLongError,
     RateLimitedError,
 )
-from anabranch.runtime.model import Model
+from anabranch.messages import ModelResponse, ToolResultBlock, Usage
+from anabranch.models._base import Model
 from anabranch.testing._cache import PromptCache, prefix_blocks
 from anabranch.testing._faults import Fault, FaultPlan
 from anabranch.testing._http import Hangup, HTTPRequest, Reply
 from anabranch.testing._output import fit_to_max_tokens, output_tokens
+from anabranch.testing._records import RequestRecord
 from anabranch.testing._validation import validate
 from anabranch.testing._wire import (
     APIFailure,
@@ -39,7 +40,6 @@ from anabranch.testing._wire import (
     sse_event,
     stream_events,
 )
-from anabranch.testing.records import RequestRecord
 
 __all__ = ["AppSettings", "MessagesApp"]
 

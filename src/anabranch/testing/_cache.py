@@ -5,7 +5,7 @@ A cache entry is keyed by the model and a hash of the whole prefix up to a break
 Writes happen only at breakpoints whose prefix reaches the minimum cacheable length; a read
 is the longest live entry any breakpoint finds at its own position or up to ``LOOKBACK``
 blocks before it. Hits refresh the entry's TTL. Token counts come from
-``anabranch.context.tokens`` so ``input + cache read + cache write == count_tokens``.
+``anabranch.context._tokens`` so ``input + cache read + cache write == count_tokens``.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from anabranch.context.messages import (
+from anabranch.context._tokens import estimate_messages, estimate_request
+from anabranch.messages import (
     CacheTTL,
     Message,
     ModelRequest,
     Usage,
     canonical_json,
 )
-from anabranch.context.tokens import estimate_messages, estimate_request
 from anabranch.testing._wire import BlockRef
 
 __all__ = ["LOOKBACK", "TTL_SECONDS", "ManualClock", "PrefixBlock", "PromptCache", "prefix_blocks"]

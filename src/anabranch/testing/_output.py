@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from anabranch.context.messages import Block, Message, ModelResponse, TextBlock
-from anabranch.context.tokens import estimate_messages
+from anabranch.context._tokens import estimate_messages
+from anabranch.messages import Block, Message, ModelResponse, TextBlock
 
 __all__ = ["fit_to_max_tokens", "output_tokens"]
 

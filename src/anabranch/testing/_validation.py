@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from anabranch.context.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
-from anabranch.context.tokens import estimate_request
+from anabranch.context._tokens import estimate_request
+from anabranch.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from anabranch.testing._wire import APIFailure, WireRequest
 
 __all__ = ["MAX_BREAKPOINTS", "validate"]

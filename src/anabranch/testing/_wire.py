@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
-from anabranch.context.messages import (
+from anabranch.messages import (
     Block,
     CacheTTL,
     Message,

@@ -4,7 +4,7 @@
 exporters for applications and the CLI; the library itself needs only the API.
 """
 
-from anabranch.traces.spans import SpanRef as SpanRef
-from anabranch.traces.spans import Tracing as Tracing
+from anabranch.traces._spans import SpanRef as SpanRef
+from anabranch.traces._spans import Tracing as Tracing
 
 __all__ = ["SpanRef", "Tracing"]

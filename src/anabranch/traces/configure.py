@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from anabranch.errors import UserError
-from anabranch.traces.file_exporter import OTLPJsonLinesExporter
+from anabranch.traces._file_exporter import OTLPJsonLinesExporter
 
 __all__ = [
     "TraceSettings",
@@ -287,7 +287,7 @@ def _phoenix_destination() -> _Destination:
         url = otlp_traces_url(endpoint)
         ui = url[: -len("/v1/traces")]
     else:
-        from anabranch.ui.phoenix import running_phoenix
+        from anabranch.ui._phoenix import running_phoenix
 
         info = running_phoenix()
         if info is None:

@@ -1,0 +1,94 @@
+"""``Agent``: a frozen, pure description of one kind of agent."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePath
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from anabranch.agents._policy import ContextPolicy
+from anabranch.agents._tools import Tool
+
+__all__ = ["RESERVED_TOOL_NAMES", "Agent"]
+
+RESERVED_TOOL_NAMES = frozenset({"spawn_agent", "recall"})
+"""Names of built-in tools the runtime adds; user tools may not take them."""
+
+
+class Agent(BaseModel):
+    """An agent definition: pure data, no I/O. Run it with ``Runtime.run``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    model: str = Field("claude-sonnet-5-5", min_length=1)
+    instructions: str = ""
+    description: str = ""
+    """One line shown to a supervisor that may spawn this agent."""
+    tools: tuple[Tool, ...] = ()
+    subagents: tuple[Agent, ...] = ()
+    context: ContextPolicy = ContextPolicy()
+    max_turns: int = Field(25, gt=0)
+    max_tokens: int = Field(4_096, gt=0)
+    """Output tokens per model call."""
+    tool_timeout: float | None = Field(120.0, gt=0)
+    """Seconds a tool call may take (a tool's own ``timeout`` wins)."""
+    timeout: float | None = Field(None, gt=0)
+    """Seconds the whole run may take."""
+    max_report_tokens: int = Field(2_000, gt=0)
+    """Cap on the final report a parent receives from this agent."""
+    workspace: Path | None = None
+    """Folder of bootstrap files; their text enters the dynamic part of the system prompt."""
+    bootstrap_files: tuple[str, ...] = ("AGENTS.md", "USER.md", "MEMORY.md")
+    """Files (relative to ``workspace``), each in its own tag, in this order."""
+    bootstrap_max_chars: int = Field(20_000, gt=0)
+    """Characters kept per bootstrap file; a longer file is cut with a visible marker."""
+    bootstrap_missing: Literal["skip", "mark"] = "skip"
+    """A missing bootstrap file is left out, or shown as an empty tag marked missing."""
+    include_date: bool = False
+    """Put the current date (``date_format``) in the dynamic part of the system prompt."""
+    date_format: str = "%Y-%m-%d"
+    include_cwd: bool = False
+    """Put the process's working directory in the dynamic part of the system prompt."""
+
+    @field_validator("bootstrap_files")
+    @classmethod
+    def _relative_files(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            path = PurePath(name)
+            if not name.strip() or path.is_absolute() or ".." in path.parts:
+                raise ValueError(
+                    f"bootstrap file {name!r} must be a path inside the workspace "
+                    "(relative, without '..')"
+                )
+        return value
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _only_tools(cls, value: object) -> object:
+        for item in value if isinstance(value, list | tuple) else ():
+            if not isinstance(item, Tool):
+                raise ValueError(f"{item!r} is not a Tool; decorate the function with @tool first")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Agent:
+        names = [t.name for t in self.tools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate tool names: {', '.join(duplicates)}")
+        reserved = sorted(RESERVED_TOOL_NAMES.intersection(names))
+        if reserved:
+            raise ValueError(f"tool names reserved for built-in tools: {', '.join(reserved)}")
+        sub_names = [a.name for a in self.subagents]
+        duplicates = sorted({n for n in sub_names if sub_names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate subagent names: {', '.join(duplicates)}")
+        return self
+
+    def tool(self, name: str) -> Tool | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+    def subagent(self, name: str) -> Agent | None:
+        return next((a for a in self.subagents if a.name == name), None)

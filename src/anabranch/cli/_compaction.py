@@ -1,0 +1,108 @@
+"""CLI commands for compaction: ``anabranch compactions ID`` and ``anabranch rewind``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from anabranch.cli._common import CliError, add_command
+from anabranch.errors import SessionNotFoundError
+from anabranch.runtime._runtime import Runtime
+from anabranch.store import BoundaryRecord
+
+__all__ = ["register"]
+
+
+def _outcome(boundary: BoundaryRecord) -> str:
+    extra: dict[str, Any] = json.loads(boundary.extra) if boundary.extra else {}
+    if boundary.kind == "breaker":
+        return f"breaker open ({extra.get('failures')} failures; policy {extra.get('policy')})"
+    if boundary.kind == "rewind":
+        return f"rewound to before #{extra.get('rewound')}"
+    if boundary.status != "ok":
+        return f"failed: {' '.join((boundary.error or '').split())[:120]}"
+    notes = [n for n in ("ineffective", "degraded") if extra.get(n)]
+    return "ok" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def _tokens(before: int | None, after: int | None) -> str:
+    if before is None:
+        return "-"
+    return f"{before}→{after}" if after is not None else f"{before}→-"
+
+
+async def cmd_compactions(args: argparse.Namespace) -> int:
+    rt = Runtime(db=args.db)
+    await rt.open(create=False)
+    try:
+        session = await rt.store.get_session(args.session_id)
+        if session is None:
+            raise SessionNotFoundError(args.session_id)
+        runs = {r.id: r for r in await rt.store.list_runs(session.id)}
+        boundaries = await rt.store.list_boundaries(session_id=session.id)
+    finally:
+        await rt.aclose()
+    if not boundaries:
+        print(f"no compactions in session {session.id}")
+        return 0
+    print(
+        f"{'#':>4} {'AGENT':<16} {'RUN':<20} {'KIND':<10} {'TRIGGER':<9} {'STRATEGY':<9} "
+        f"{'TOKENS':>13} {'MESSAGES':>9} {'SECONDS':>7}  OUTCOME"
+    )
+    for b in boundaries:
+        run = runs.get(b.run_id)
+        messages = (
+            f"{b.messages_before}→{b.messages_after if b.messages_after is not None else '-'}"
+            if b.messages_before is not None
+            else "-"
+        )
+        seconds = f"{b.duration:.2f}" if b.duration is not None else "-"
+        print(
+            f"{b.id:>4} {(run.agent_name if run else '?'):<16} {b.run_id:<20} {b.kind:<10} "
+            f"{b.trigger or '-':<9} {b.strategy or '-':<9} "
+            f"{_tokens(b.tokens_before, b.tokens_after):>13} {messages:>9} {seconds:>7}  "
+            f"{_outcome(b)}"
+        )
+    return 0
+
+
+async def cmd_rewind(args: argparse.Namespace) -> int:
+    rt = Runtime(db=args.db)
+    await rt.open(create=False)
+    try:
+        if await rt.store.get_session(args.session_id) is None:
+            raise SessionNotFoundError(args.session_id)
+        try:
+            record = await rt.rewind(args.session_id, args.run_id, args.boundary_id)
+        except ValueError as exc:  # pragma: no cover - argparse already checks the int
+            raise CliError(str(exc)) from exc
+    finally:
+        await rt.aclose()
+    print(
+        f"run {args.run_id} rewound to before boundary #{args.boundary_id}: "
+        f"{record.messages_before} → {record.messages_after} messages "
+        f"(~{record.tokens_before} → ~{record.tokens_after} tokens); new boundary #{record.id}"
+    )
+    print(f"continue from there with: anabranch resume {args.session_id}")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``compactions`` and ``rewind`` to the ``anabranch`` command."""
+    compactions = add_command(
+        commands,
+        "compactions",
+        cmd_compactions,
+        "List every compaction in a session: agent, trigger, strategy, tokens, outcome.",
+    )
+    compactions.add_argument("session_id", metavar="ID")
+    rewind = add_command(
+        commands,
+        "rewind",
+        cmd_rewind,
+        "Restore a run's context to before a compaction, as a new branch.",
+    )
+    rewind.add_argument("session_id", metavar="SESSION")
+    rewind.add_argument("run_id", metavar="RUN")
+    rewind.add_argument("boundary_id", metavar="BOUNDARY", type=int)

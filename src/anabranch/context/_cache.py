@@ -1,0 +1,215 @@
+"""Prompt caching: where the breakpoints go, and why a call read less cache than it could.
+
+Pure logic. Facts it relies on (Messages API): at most 4 breakpoints per request; prefix
+order is tools, then system, then messages; a breakpoint looks back at most 20 content
+blocks for an earlier entry; 1h entries must come before 5m entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from anabranch.messages import (
+    CacheTTL,
+    Message,
+    ModelRequest,
+    SystemBlock,
+    TextBlock,
+    ToolDefinition,
+    Usage,
+    canonical_json,
+)
+
+__all__ = [
+    "LOOKBACK_BLOCKS",
+    "MAX_BREAKPOINTS",
+    "TTL_SECONDS",
+    "CacheBreakCause",
+    "CallCacheState",
+    "cache_read_ratio",
+    "classify_cache_break",
+    "expected_cache_read",
+    "message_ttl",
+    "place_breakpoints",
+    "system_digest",
+    "tools_digest",
+]
+
+MAX_BREAKPOINTS = 4
+LOOKBACK_BLOCKS = 20
+TTL_SECONDS: dict[CacheTTL, float] = {"5m": 300.0, "1h": 3600.0}
+
+CacheBreakCause = Literal[
+    "model_changed", "tools_changed", "compaction", "system_changed", "ttl_expired", "unknown"
+]
+
+
+def _cacheable(message: Message) -> bool:
+    """Whether the last block of ``message`` can carry a breakpoint (not an empty text)."""
+    if not message.content:
+        return False
+    last = message.content[-1]
+    return not (isinstance(last, TextBlock) and not last.text)
+
+
+def _lookback_anchor(messages: Sequence[Message]) -> int | None:
+    """Where the previous call's rolling breakpoint was, if the last one cannot see it.
+
+    The previous request ended just before the last assistant message; if more than
+    ``LOOKBACK_BLOCKS`` blocks follow that point, the rolling breakpoint alone would miss
+    the entry the previous call wrote, so a breakpoint goes back on it.
+    """
+    last_assistant = next(
+        (i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), None
+    )
+    if last_assistant is None or last_assistant == 0:
+        return None
+    anchor = last_assistant - 1
+    distance = sum(len(m.content) for m in messages[anchor + 1 :])
+    if distance < LOOKBACK_BLOCKS or not _cacheable(messages[anchor]):
+        return None
+    return anchor
+
+
+def message_ttl(ttl: CacheTTL, prefix_ttl: CacheTTL | None = None) -> CacheTTL:
+    """The TTL message breakpoints are sent with: never 1h after a 5m prefix."""
+    return "5m" if (prefix_ttl or ttl) == "5m" else ttl
+
+
+def place_breakpoints(
+    request: ModelRequest,
+    *,
+    ttl: CacheTTL | None,
+    prefix_ttl: CacheTTL | None = None,
+) -> ModelRequest:
+    """``request`` with its cache breakpoints placed deterministically (never more than 4).
+
+    Every existing mark is replaced. In priority order: the last message block (rolling),
+    the end of the first (static) system block, the end of the last (dynamic) system block,
+    the previous call's message breakpoint when a long tool turn puts it beyond the 20-block
+    lookback, and the end of the tool list (the system breakpoint after it already caches
+    the tools). ``prefix_ttl`` (default ``ttl``) applies to tools and system; a 1h message
+    breakpoint after a 5m prefix is sent as 5m, since 1h entries must come first.
+    ``ttl=None`` removes every breakpoint.
+    """
+    tools = tuple(t.model_copy(update={"cache": None}) if t.cache else t for t in request.tools)
+    system = tuple(b.model_copy(update={"cache": None}) if b.cache else b for b in request.system)
+    if ttl is None:
+        return request.model_copy(
+            update={"tools": tools, "system": system, "message_breakpoints": ()}
+        )
+    head_ttl: CacheTTL = prefix_ttl or ttl
+    messages_ttl = message_ttl(ttl, prefix_ttl)
+    messages = request.messages
+    wanted: list[tuple[str, int]] = []
+    if messages and _cacheable(messages[-1]):
+        wanted.append(("message", len(messages) - 1))
+    if system:
+        wanted.append(("system", 0))
+    if len(system) > 1:
+        wanted.append(("system", len(system) - 1))
+    anchor = _lookback_anchor(messages)
+    if anchor is not None:
+        wanted.append(("message", anchor))
+    if tools:
+        wanted.append(("tool", len(tools) - 1))
+    chosen = set(wanted[:MAX_BREAKPOINTS])
+    new_tools: list[ToolDefinition] = [
+        t.model_copy(update={"cache": head_ttl}) if ("tool", i) in chosen else t
+        for i, t in enumerate(tools)
+    ]
+    new_system: list[SystemBlock] = [
+        b.model_copy(update={"cache": head_ttl}) if ("system", i) in chosen else b
+        for i, b in enumerate(system)
+    ]
+    marks = tuple(sorted((i, messages_ttl) for kind, i in chosen if kind == "message"))
+    return request.model_copy(
+        update={
+            "tools": tuple(new_tools),
+            "system": tuple(new_system),
+            "message_breakpoints": marks,
+        }
+    )
+
+
+def _digest(payload: object) -> str:
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+_DIGESTS: dict[int, tuple[object, str]] = {}
+"""Recent digests by ``id`` of the (immutable) sequence they were computed from."""
+
+
+def _cached(items: Sequence[object], compute: Callable[[], str]) -> str:
+    """``compute()``, reused while ``items`` is the same tuple object (a run keeps its
+    snapshot's tuples from call to call)."""
+    if not isinstance(items, tuple):
+        return compute()
+    entry = _DIGESTS.get(id(items))
+    if entry is not None and entry[0] is items:
+        return entry[1]
+    digest = compute()
+    _DIGESTS[id(items)] = (items, digest)
+    while len(_DIGESTS) > 64:
+        del _DIGESTS[next(iter(_DIGESTS))]
+    return digest
+
+
+def system_digest(system: Sequence[SystemBlock]) -> str:
+    """A hash of what the cache keys on in the system blocks (breakpoint marks excluded)."""
+    return _cached(system, lambda: _digest([b.text for b in system]))
+
+
+def tools_digest(tools: Sequence[ToolDefinition]) -> str:
+    """A hash of what the cache keys on in the tool list (breakpoint marks excluded)."""
+    return _cached(tools, lambda: _digest([[t.name, t.description, t.input_schema] for t in tools]))
+
+
+def expected_cache_read(previous: Usage) -> int:
+    """What the next call of the same run can read: everything ``previous`` read or wrote."""
+    return previous.cache_read_input_tokens + previous.cache_creation_input_tokens
+
+
+def cache_read_ratio(usage: Usage) -> float:
+    """Share of the prompt that was read from cache (0.0 for an empty prompt)."""
+    total = usage.total_input_tokens
+    return usage.cache_read_input_tokens / total if total else 0.0
+
+
+@dataclass(frozen=True)
+class CallCacheState:
+    """What decides whether a call can read the cache the previous call left."""
+
+    model: str
+    system_digest: str
+    tools_digest: str
+    compactions: int
+    started: float
+    """When the request was committed (seconds since the epoch)."""
+    usage: Usage
+
+
+def classify_cache_break(
+    previous: CallCacheState, current: CallCacheState, *, ttl: CacheTTL
+) -> CacheBreakCause | None:
+    """The cause when ``current`` read less cache than ``previous`` left, else ``None``.
+
+    Causes are checked from the widest invalidation down: model, tools, compaction,
+    system, then idle time beyond ``ttl`` (of the rolling breakpoint) since ``previous``.
+    """
+    if current.usage.cache_read_input_tokens >= expected_cache_read(previous.usage):
+        return None
+    if previous.model != current.model:
+        return "model_changed"
+    if previous.tools_digest != current.tools_digest:
+        return "tools_changed"
+    if current.compactions != previous.compactions:
+        return "compaction"
+    if previous.system_digest != current.system_digest:
+        return "system_changed"
+    if current.started - previous.started > TTL_SECONDS[ttl]:
+        return "ttl_expired"
+    return "unknown"

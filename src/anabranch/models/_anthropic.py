@@ -1,0 +1,214 @@
+"""``AnthropicModel``: the official ``anthropic`` SDK (2.x) behind our ``Model`` protocol."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anthropic
+import httpx2
+
+from anabranch.errors import (
+    ModelAPIError,
+    ModelConnectionError,
+    OverloadedError,
+    PromptTooLongError,
+    RateLimitedError,
+    ServerError,
+)
+from anabranch.messages import (
+    Block,
+    CacheTTL,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    TextBlock,
+    ToolUseBlock,
+    Usage,
+)
+
+__all__ = ["AnthropicModel", "request_to_params"]
+
+
+class AnthropicModel:
+    """Streams every call through ``AsyncAnthropic.messages.stream``.
+
+    The key comes from ``api_key`` or ``ANTHROPIC_API_KEY``; ``base_url`` or
+    ``ANTHROPIC_BASE_URL`` selects the endpoint, so gateways and local servers work.
+    The SDK's own retries and spans are off: the runtime retries and traces each call.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float = 600.0,
+        client: anthropic.AsyncAnthropic | None = None,
+    ) -> None:
+        self._client = client or anthropic.AsyncAnthropic(
+            api_key=api_key,
+            base_url=base_url,
+            timeout=timeout,
+            max_retries=0,
+            open_telemetry=False,
+        )
+
+    @property
+    def base_url(self) -> str:
+        return str(self._client.base_url)
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        params = request_to_params(request)
+        with _map_errors():
+            async with self._client.messages.stream(**params) as stream:
+                final = await stream.get_final_message()
+        return _response_from_sdk(final)
+
+    async def count_tokens(self, request: ModelRequest) -> int:
+        params = request_to_params(request)
+        params.pop("max_tokens", None)
+        with _map_errors():
+            result = await self._client.messages.count_tokens(**params)
+        return int(result.input_tokens)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def _cache_control(ttl: CacheTTL) -> dict[str, str]:
+    return {"type": "ephemeral"} if ttl == "5m" else {"type": "ephemeral", "ttl": ttl}
+
+
+def _block_param(block: Block) -> dict[str, Any]:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ToolUseBlock):
+        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    param: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": block.tool_use_id,
+        "content": block.content,
+    }
+    if block.is_error:
+        param["is_error"] = True
+    return param
+
+
+def _message_param(message: Message, ttl: CacheTTL | None) -> dict[str, Any]:
+    blocks = [_block_param(b) for b in message.content]
+    if ttl is not None and blocks:
+        blocks[-1]["cache_control"] = _cache_control(ttl)
+    return {"role": message.role, "content": blocks}
+
+
+def request_to_params(request: ModelRequest) -> dict[str, Any]:
+    """The Messages API body for ``request`` (without ``stream``)."""
+    breakpoints = dict(request.message_breakpoints)
+    params: dict[str, Any] = {
+        "model": request.model,
+        "max_tokens": request.max_tokens,
+        "messages": [_message_param(m, breakpoints.get(i)) for i, m in enumerate(request.messages)],
+    }
+    if request.system:
+        system = []
+        for block in request.system:
+            item: dict[str, Any] = {"type": "text", "text": block.text}
+            if block.cache:
+                item["cache_control"] = _cache_control(block.cache)
+            system.append(item)
+        params["system"] = system
+    if request.tools:
+        tools = []
+        for tool in request.tools:
+            item = {
+                "name": tool.name,
+                "description": tool.description,
+                "input_schema": tool.input_schema,
+            }
+            if tool.cache:
+                item["cache_control"] = _cache_control(tool.cache)
+            tools.append(item)
+        params["tools"] = tools
+    return params
+
+
+def _response_from_sdk(message: Any) -> ModelResponse:
+    content: list[Block] = []
+    for block in message.content:
+        if block.type == "text":
+            content.append(TextBlock(text=block.text))
+        elif block.type == "tool_use":
+            content.append(ToolUseBlock(id=block.id, name=block.name, input=dict(block.input)))
+    usage = message.usage
+    creation = getattr(usage, "cache_creation", None)
+    return ModelResponse(
+        id=message.id,
+        model=message.model,
+        content=tuple(content),
+        stop_reason=message.stop_reason,
+        usage=Usage(
+            input_tokens=usage.input_tokens or 0,
+            output_tokens=usage.output_tokens or 0,
+            cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+            cache_creation_5m_input_tokens=(
+                getattr(creation, "ephemeral_5m_input_tokens", 0) or 0 if creation else 0
+            ),
+            cache_creation_1h_input_tokens=(
+                getattr(creation, "ephemeral_1h_input_tokens", 0) or 0 if creation else 0
+            ),
+        ),
+    )
+
+
+def _retry_after(response: Any) -> float | None:
+    if response is None:
+        return None
+    headers = response.headers
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms:
+        try:
+            return float(raw_ms) / 1000.0
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(raw)
+        return max(0.0, parsed.timestamp() - time.time())
+
+
+@contextmanager
+def _map_errors() -> Iterator[None]:
+    """Translate SDK exceptions into ours, keeping the original as ``__cause__``."""
+    try:
+        yield
+    except anthropic.APIConnectionError as exc:
+        raise ModelConnectionError(f"could not reach the model API: {exc}") from exc
+    except httpx2.TransportError as exc:  # a stream broken after the headers arrived
+        raise ModelConnectionError(f"connection to the model API broke: {exc!r}") from exc
+    except anthropic.APIStatusError as exc:
+        message = exc.api_message or str(exc)
+        kwargs: dict[str, Any] = {
+            "status_code": exc.status_code,
+            "error_type": exc.type,
+            "request_id": exc.request_id,
+            "retry_after": _retry_after(getattr(exc, "response", None)),
+        }
+        status = exc.status_code
+        if exc.type == "overloaded_error" or status == 529:
+            raise OverloadedError(message, **kwargs) from exc
+        if exc.type == "rate_limit_error" or status == 429:
+            raise RateLimitedError(message, **kwargs) from exc
+        if PromptTooLongError.matches(message):
+            raise PromptTooLongError(message, **kwargs) from exc
+        if exc.type == "api_error" or (status is not None and status >= 500):
+            raise ServerError(message, **kwargs) from exc
+        raise ModelAPIError(message, **kwargs) from exc

@@ -1,0 +1,36 @@
+"""Built-in tools the runtime offers an agent (``spawn_agent``, ``recall``, ...)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from anabranch.agents import Agent
+from anabranch.messages import ToolDefinition, ToolUseBlock
+
+if TYPE_CHECKING:
+    from anabranch.runtime._loop import AgentRun
+
+__all__ = ["BuiltinTool", "ToolOutcome"]
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What a tool call returns to the model."""
+
+    content: str
+    is_error: bool = False
+
+
+class BuiltinTool(Protocol):
+    """A tool implemented by the runtime itself, with access to the calling run."""
+
+    name: str
+
+    def applies_to(self, agent: Agent) -> bool:
+        """Whether ``agent`` is offered this tool."""
+        ...
+
+    def definition(self, agent: Agent) -> ToolDefinition: ...
+
+    async def run(self, run: AgentRun, call: ToolUseBlock) -> ToolOutcome: ...

@@ -1,0 +1,293 @@
+"""The graph scheduler: runs a ``Graph`` (a DAG of agent tasks) in one session.
+
+Each task is a root-level agent run with ``task_id`` set. Ready tasks run concurrently
+(bounded by ``max_concurrency``); a task's first message is its prompt plus the capped
+reports of its dependencies. A failed task fails its dependents while independent branches
+finish; ``fail_fast`` cancels everything instead. Resuming an interrupted graph keeps
+finished tasks, continues unfinished runs where they stopped and starts the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from anabranch.agents import Graph, Task
+from anabranch.errors import UserError
+from anabranch.runtime._children import (
+    capped_report,
+    drive_to_outcome,
+    open_run,
+    settle_subtree,
+)
+from anabranch.runtime._loader import load_object
+from anabranch.runtime._loop import Environment
+from anabranch.runtime._results import GraphResult, TaskResult
+from anabranch.store import RunRecord, SessionRecord
+from anabranch.traces import SpanRef
+
+if TYPE_CHECKING:
+    from anabranch.runtime._runtime import Runtime
+
+__all__ = ["resolve_graph", "resume_graph", "run_graph", "task_prompt"]
+
+FAIL_FAST_NOT_RUN = "cancelled: not run because another task failed (fail_fast)"
+
+
+def _outline(graph: Graph) -> dict[str, Any]:
+    return {
+        "name": graph.name,
+        "max_concurrency": graph.max_concurrency,
+        "fail_fast": graph.fail_fast,
+        "tasks": [
+            {
+                "id": t.id,
+                "agent": t.agent.name,
+                "model": t.agent.model,
+                "window": t.agent.context.window,
+                "depends_on": list(t.depends_on),
+            }
+            for t in graph.tasks
+        ],
+    }
+
+
+async def run_graph(
+    rt: Runtime,
+    graph: Graph,
+    *,
+    source: str | None = None,
+    on_session: Callable[[str], None] | None = None,
+) -> GraphResult:
+    """Run ``graph`` in a new session (see ``Runtime.run_graph``)."""
+    if not isinstance(graph, Graph):
+        raise UserError(f"run_graph() needs a Graph, got {type(graph).__name__}")
+    rt.register(graph)
+    session_id = await rt.open_session(
+        kind="graph",
+        entry=graph.name,
+        task=f"graph {graph.name}: {', '.join(t.id for t in graph.tasks)}",
+        source=source,
+        outline=_outline(graph),
+        on_session=on_session,
+    )
+    return await _drive(rt, session_id, graph)
+
+
+def resolve_graph(rt: Runtime, session: SessionRecord, graph: Graph | None = None) -> Graph:
+    """The graph of a session: given, registered by name, or loaded from its source."""
+    if graph is not None and graph.name == session.entry:
+        return graph
+    registered = rt.graphs.get(session.entry)
+    if registered is not None:
+        return registered
+    if session.source:
+        loaded = load_object(session.source)
+        if isinstance(loaded, Graph) and loaded.name == session.entry:
+            rt.register(loaded)
+            return loaded
+    raise UserError(
+        f"cannot find graph {session.entry!r} to resume session {session.id}: register it "
+        "with rt.register(graph) or Runtime(graphs=[...]) first"
+    )
+
+
+async def resume_graph(rt: Runtime, session: SessionRecord) -> GraphResult:
+    """Continue an interrupted graph session; a finished one returns its stored result."""
+    graph = resolve_graph(rt, session)
+    if session.status in ("done", "failed") and session.finished is not None:
+        results = _stored_results(graph, await _task_runs(rt, session.id))
+        return await _result(rt, session.id, graph, _fill_unrun(graph, results, FAIL_FAST_NOT_RUN))
+    return await _drive(rt, session.id, graph)
+
+
+async def _task_runs(rt: Runtime, session_id: str) -> dict[str, RunRecord]:
+    runs = await rt.store.list_runs(session_id)
+    return {r.task_id: r for r in runs if r.task_id is not None and r.parent_run_id is None}
+
+
+def _stored_results(graph: Graph, runs: dict[str, RunRecord]) -> dict[str, TaskResult]:
+    """Results of the tasks whose runs have finished (they are never run again)."""
+    results: dict[str, TaskResult] = {}
+    for task in graph.tasks:
+        record = runs.get(task.id)
+        if record is None or record.status == "running":
+            continue
+        results[task.id] = TaskResult(
+            id=task.id,
+            agent=task.agent.name,
+            status=record.status,
+            report=record.output or "",
+            run_id=record.id,
+            error=record.error,
+        )
+    return results
+
+
+def _fill_unrun(graph: Graph, results: dict[str, TaskResult], reason: str) -> dict[str, TaskResult]:
+    """Results for tasks that never finished: failed if a dependency failed, else cancelled."""
+    filled = dict(results)
+    for task in graph.order():
+        if task.id in filled:
+            continue
+        failed = [d for d in task.depends_on if filled[d].status == "failed"]
+        filled[task.id] = TaskResult(
+            id=task.id,
+            agent=task.agent.name,
+            status="failed" if failed else "cancelled",
+            error=f"not run: dependency {failed[0]!r} failed" if failed else reason,
+        )
+    return {t.id: filled[t.id] for t in graph.tasks}
+
+
+async def task_prompt(
+    env: Environment, graph: Graph, task: Task, done: dict[str, TaskResult]
+) -> str:
+    """The task's first message: its prompt, then each dependency's capped report."""
+    parts = [task.prompt]
+    if task.depends_on:
+        parts.append("Reports from the tasks this one depends on:")
+    for dep_id in task.depends_on:
+        dep = done[dep_id]
+        cap = graph.task(dep_id).agent.max_report_tokens
+        run_id = dep.run_id or ""
+        report = await capped_report(
+            env.store, dep.report, cap, run_id=run_id, owner_run_id=run_id, call_id=f"task:{dep_id}"
+        )
+        parts.append(f'<report task="{dep_id}" agent="{dep.agent}">\n{report}\n</report>')
+    return "\n\n".join(parts)
+
+
+@dataclass
+class _Schedule:
+    env: Environment
+    graph: Graph
+    runs: dict[str, RunRecord]
+    results: dict[str, TaskResult]
+    launched: set[str] = field(default_factory=set)
+    stopped_by: str | None = None
+    """The task whose failure made ``fail_fast`` cancel the rest."""
+
+    async def run(self) -> dict[str, TaskResult]:
+        self.launched = set(self.results)
+        limiter = anyio.CapacityLimiter(self.graph.max_concurrency)
+        async with anyio.create_task_group() as group:
+
+            def launch() -> None:
+                for task in self.graph.order():
+                    if task.id in self.launched:
+                        continue
+                    deps = [self.results.get(d) for d in task.depends_on]
+                    if any(d is not None and d.status != "done" for d in deps):
+                        continue  # _fill_unrun records why it never ran
+                    if all(d is not None for d in deps):
+                        self.launched.add(task.id)
+                        group.start_soon(run_one, task)
+
+            async def run_one(task: Task) -> None:
+                async with limiter:
+                    if self.stopped_by is not None:
+                        return  # fail_fast: never start another task
+                    result = await self._run_task(task)
+                self.results[task.id] = result
+                if result.status != "done" and self.graph.fail_fast:
+                    self.stopped_by = task.id
+                    group.cancel_scope.cancel()
+                    return
+                launch()
+
+            launch()
+        reason = f"cancelled: task {self.stopped_by!r} failed (fail_fast)"
+        return _fill_unrun(self.graph, self.results, reason)
+
+    async def _run_task(self, task: Task) -> TaskResult:
+        try:
+            prompt = await task_prompt(self.env, self.graph, task, self.results)
+            run = await open_run(
+                self.env, task.agent, self.runs.get(task.id), prompt, task_id=task.id, mode="task"
+            )
+            outcome = await drive_to_outcome(run)
+        except anyio.get_cancelled_exc_class():
+            if self.stopped_by is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._cancel_run(task)
+            raise
+        return TaskResult(
+            id=task.id,
+            agent=task.agent.name,
+            status=outcome.status,
+            report=outcome.output,
+            run_id=run.id,
+            error=outcome.error,
+        )
+
+    async def _cancel_run(self, task: Task) -> None:
+        """Record fail_fast's cancellation on the task's run (if it was created)."""
+        store, session_id = self.env.store, self.env.session_id
+        for record in await store.list_runs(session_id):
+            if record.task_id == task.id and record.parent_run_id is None:
+                reason = f"cancelled: task {self.stopped_by!r} failed (fail_fast)"
+                await settle_subtree(store, session_id, record.id, "cancelled", reason)
+
+
+async def _result(
+    rt: Runtime, session_id: str, graph: Graph, results: dict[str, TaskResult]
+) -> GraphResult:
+    done = all(r.status == "done" for r in results.values())
+    sinks = [results[t.id] for t in graph.sinks()]
+    if len(sinks) == 1:
+        output = sinks[0].report
+    else:
+        output = "\n\n".join(f"## {r.id}\n{r.report}" for r in sinks if r.status == "done")
+    errors = [f"{r.id}: {r.error}" for r in results.values() if r.status != "done"]
+    return GraphResult(
+        session_id=session_id,
+        run_id="",
+        agent=graph.name,
+        status="done" if done else "failed",
+        output=output,
+        usage=await rt.session_usage(session_id),
+        error="; ".join(errors) or None,
+        tasks=results,
+    )
+
+
+class _GraphFailed(Exception):
+    """Carries a failed graph's result through the session driver (which records it)."""
+
+    def __init__(self, result: GraphResult) -> None:
+        super().__init__(result.error or "a task failed")
+        self.result = result
+
+
+async def _drive(rt: Runtime, session_id: str, graph: Graph) -> GraphResult:
+    """Schedule the graph under the runtime's session driver (lease, status, cancellation)."""
+    env = rt.environment(session_id)
+    finished: list[GraphResult] = []
+
+    async def drive() -> str:
+        runs = await _task_runs(rt, session_id)
+        schedule = _Schedule(env, graph, runs, _stored_results(graph, runs))
+        store = env.store
+        earlier = [SpanRef(t, s) for t, s in await store.run_spans(session_id)]
+        with rt.tracing.graph_run(
+            graph=graph.name, session_id=session_id, tasks=len(graph.tasks), resumed_from=earlier
+        ) as span:
+            ref = rt.tracing.span_ref(span)
+            if ref is not None:  # a graph's own span is kept under its session id
+                await store.add_run_span(session_id, session_id, ref.trace_id, ref.span_id)
+            results = await schedule.run()
+        result = await _result(rt, session_id, graph, results)
+        if result.status != "done":
+            raise _GraphFailed(result)
+        finished.append(result)
+        return result.output
+
+    try:
+        await rt._drive_session(session_id, graph.name, drive)
+    except _GraphFailed as failed:
+        return failed.result
+    return finished[0]

@@ -1,0 +1,695 @@
+"""``AgentRun``: one agent's run, driven turn by turn under the write-ahead protocol.
+
+The loop is a state machine over the committed context, so a fresh run and a resumed one
+take the same path:
+
+- last message is a user turn        -> (pipeline) -> commit call row -> call the model
+                                        -> commit the assistant message + usage
+- last message is an assistant turn with tool_use blocks
+                                     -> run the tools that have no committed result
+                                        (each result committed as it finishes)
+                                        -> commit the user message with all results
+- last message is a plain assistant turn -> the run is done
+
+Nothing here is ever updated in place: every step appends.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from anabranch.agents import Agent
+from anabranch.context._cache import place_breakpoints, system_digest, tools_digest
+from anabranch.context._prompt import SubagentInfo, assemble_system
+from anabranch.context._tokens import estimate_messages, estimate_request
+from anabranch.errors import MaxTurnsExceeded, ModelError, PromptTooLongError
+from anabranch.messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    SystemBlock,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+    canonical_json,
+    messages_from_json,
+)
+from anabranch.models._base import Model
+from anabranch.models._retry import RetryPolicy
+from anabranch.runtime._bootstrap import prompt_inputs
+from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
+from anabranch.runtime._cache_watch import check_cache_break
+from anabranch.runtime._pipeline import ContextPipeline
+from anabranch.runtime._tool_exec import run_user_tool
+from anabranch.store import (
+    CallRecord,
+    MessageRecord,
+    RunRecord,
+    SnapshotRecord,
+    Store,
+    ToolEventRecord,
+)
+from anabranch.traces import SpanRef, Tracing
+
+__all__ = ["AgentRun", "Environment", "new_id"]
+
+RESUME_LINKS = 8
+"""How many earlier drives of a run its span links to (the most recent ones)."""
+
+INTERRUPTED_REPORT = (
+    "This tool call was interrupted (the process stopped while it ran) and was not run "
+    "again; its effect is unknown. Check before repeating it."
+)
+
+
+def new_id(prefix: str) -> str:
+    """A random id that is URL- and shell-safe (never starts with '-')."""
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+def _message_json(message: Message) -> str:
+    return canonical_json(message.model_dump(mode="json")["content"])
+
+
+def _message_from_record(record: MessageRecord) -> Message:
+    # pydantic parses the stored JSON itself: ~6x faster than json.loads + model_validate
+    return Message.model_validate_json(
+        f'{{"role":{json.dumps(record.role)},"content":{record.content}}}'
+    )
+
+
+@dataclass
+class Environment:
+    """What every run of one session shares."""
+
+    store: Store
+    model: Model
+    session_id: str
+    retry: RetryPolicy
+    tracing: Tracing
+    pipeline: ContextPipeline
+    builtins: tuple[BuiltinTool, ...] = ()
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Room for cooperating features (e.g. a concurrency limiter for children)."""
+
+
+class AgentRun:
+    """One run of one agent with its own context. Create with ``start`` or ``load``."""
+
+    def __init__(self, env: Environment, agent: Agent, record: RunRecord) -> None:
+        self.env = env
+        self.agent = agent
+        self.record = record
+        self.system: tuple[SystemBlock, ...] = ()
+        self.tools: tuple[ToolDefinition, ...] = ()
+        self.snapshot_version = 0
+        self.context: list[Message] = []
+        self.next_seq = 0
+        self.turns = 0
+        self.last_usage: Usage | None = None
+        self.appended_since_usage: list[Message] = []
+        self.compactions = 0
+        self._fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None = None
+        """Tool calls of the response just committed here, and those marked started with it."""
+
+    # ------------------------------------------------------------------ creation
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @classmethod
+    async def start(
+        cls,
+        env: Environment,
+        agent: Agent,
+        task: str | Sequence[Message],
+        *,
+        parent_run_id: str | None = None,
+        parent_call_id: str | None = None,
+        task_id: str | None = None,
+        depth: int = 0,
+        mode: str = "root",
+        snapshot: tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]] | None = None,
+        run_id: str | None = None,
+    ) -> AgentRun:
+        """Create and persist a new run: its record, prompt snapshot and first messages,
+        in one transaction (a crash leaves all of it or none)."""
+        record = RunRecord(
+            id=run_id or new_id("run"),
+            session_id=env.session_id,
+            agent_name=agent.name,
+            model=agent.model,
+            created=time.time(),
+            parent_run_id=parent_run_id,
+            parent_call_id=parent_call_id,
+            task_id=task_id,
+            depth=depth,
+            mode=mode,
+        )
+        run = cls(env, agent, record)
+        system, tools = snapshot if snapshot is not None else run.build_prompt()
+        messages = [Message.user(task)] if isinstance(task, str) else list(task)
+        run.snapshot_version = 1
+        await env.store.create_run(
+            record,
+            snapshot=run.snapshot_record(system, tools, reason="start"),
+            messages=run.message_records(messages),
+        )
+        run.system, run.tools = system, tools
+        run.next_seq = len(messages)
+        run.context = list(messages)
+        run.appended_since_usage = list(messages)
+        return run
+
+    @classmethod
+    async def load(cls, env: Environment, agent: Agent, record: RunRecord) -> AgentRun:
+        """Rebuild a run from the store: latest snapshot, context after the last boundary."""
+        run = cls(env, agent, record)
+        store = env.store
+        snapshot = await store.latest_snapshot(record.id)
+        if snapshot is None:
+            system, tools = run.build_prompt()
+            await run.save_snapshot(system, tools, reason="resume")
+        else:
+            run.system = tuple(SystemBlock.model_validate(b) for b in json.loads(snapshot.system))
+            run.tools = tuple(ToolDefinition.model_validate(t) for t in json.loads(snapshot.tools))
+            run.snapshot_version = snapshot.version
+        boundary = await store.latest_boundary(record.id)
+        if boundary is None:
+            records = await store.load_messages(record.id)
+            run.context = [_message_from_record(r) for r in records]
+        else:
+            run.compactions = await store.count_boundaries(record.id, "ok")
+            context = list(messages_from_json(boundary.prefix))
+            records = []
+            for first, last in json.loads(boundary.ranges):
+                records += await store.load_messages(record.id, from_seq=first, to_seq=last)
+            context.extend(_message_from_record(r) for r in records)
+            run.context = context
+        run.next_seq = await store.next_seq(record.id)
+        # A call still in flight was cut off by a crash: close it; its request is rebuilt
+        # byte for byte from the same snapshot and messages and sent again.
+        await store.close_interrupted_calls(record.id)
+        # only the latest calls matter here: read them from the end of the index
+        last_ok = await store.last_call(record.id, ok=True)
+        last_any = await store.last_call(record.id)
+        calls = [c for c in (last_any, last_ok) if c is not None]
+        # a run's successful calls are turns 1..n: the latest one's turn is their count
+        run.turns = last_ok.turn if last_ok is not None else 0
+        run.appended_since_usage = list(run.context)
+        run._restore_usage_anchor(calls, records, boundary.created if boundary else None)
+        if (
+            boundary is not None
+            and boundary.kind == "compaction"
+            and snapshot is not None
+            and snapshot.created < boundary.created
+            and not any(c.created > boundary.created for c in calls)
+        ):
+            # Stopped between a compaction's boundary and its prompt rebuild (two commits):
+            # finish the compaction as the live run would have, before its next call.
+            await run.rebuild_snapshot("compaction")
+        return run
+
+    def _restore_usage_anchor(
+        self,
+        calls: Sequence[CallRecord],
+        records: Sequence[MessageRecord],
+        boundary_created: float | None,
+    ) -> None:
+        """Anchor token accounting on the last committed response, as the live run did,
+        so a resumed run makes the same compaction decisions as an uninterrupted one."""
+        last = next(
+            (c for c in reversed(calls) if c.status == "ok" and c.message_seq is not None), None
+        )
+        if last is None or last.usage is None or last.message_seq is None:
+            return
+        if boundary_created is not None and (last.finished or 0.0) < boundary_created:
+            return  # compacted since: the live run had dropped its anchor too
+        if not any(r.seq == last.message_seq for r in records):
+            return
+        self.last_usage = Usage.model_validate_json(last.usage)
+        self.appended_since_usage = [
+            _message_from_record(r) for r in records if r.seq > last.message_seq
+        ]
+
+    # ------------------------------------------------------------------ prompt
+    def build_prompt(self) -> tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]:
+        """Assemble the system blocks and tool list for this agent (deterministic).
+
+        Reads the bootstrap files, date and cwd now; the result is meant to be snapshotted.
+        """
+        agent = self.agent
+        ttl = agent.context.cache_ttl
+        inputs = prompt_inputs(agent)
+        system = assemble_system(
+            instructions=agent.instructions,
+            subagents=[
+                SubagentInfo(a.name, a.description, a.max_report_tokens) for a in agent.subagents
+            ],
+            report_cap_tokens=agent.max_report_tokens
+            if self.record.parent_run_id or self.record.task_id
+            else None,
+            cache_ttl=ttl,
+            tool_guidance=self._tool_guidance(),
+            bootstrap=inputs.bootstrap,
+            bootstrap_max_chars=agent.bootstrap_max_chars,
+            bootstrap_missing=agent.bootstrap_missing,
+            date=inputs.date,
+            cwd=inputs.cwd,
+        )
+        definitions = [
+            ToolDefinition(name=t.name, description=t.description, input_schema=t.input_schema)
+            for t in agent.tools
+        ]
+        definitions += [b.definition(agent) for b in self.env.builtins if b.applies_to(agent)]
+        definitions.sort(key=lambda d: d.name)
+        if definitions:
+            last = definitions[-1]
+            definitions[-1] = last.model_copy(update={"cache": ttl})
+        return system, tuple(definitions)
+
+    def _tool_guidance(self) -> list[str]:
+        """Guidance texts of built-in tools that offer one (an optional ``guidance(agent)``)."""
+        texts = []
+        for builtin in sorted(self.env.builtins, key=lambda b: b.name):
+            guidance = getattr(builtin, "guidance", None)
+            if builtin.applies_to(self.agent) and callable(guidance):
+                text = guidance(self.agent)
+                if isinstance(text, str) and text.strip():
+                    texts.append(text)
+        return texts
+
+    async def rebuild_snapshot(self, reason: str) -> bool:
+        """Build the prompt again; store it as a new snapshot only if it changed."""
+        system, tools = self.build_prompt()
+        if system_digest(system) == system_digest(self.system) and tools_digest(
+            tools
+        ) == tools_digest(self.tools):
+            return False
+        await self.save_snapshot(system, tools, reason=reason)
+        return True
+
+    def snapshot_record(
+        self,
+        system: tuple[SystemBlock, ...],
+        tools: tuple[ToolDefinition, ...],
+        *,
+        reason: str,
+    ) -> SnapshotRecord:
+        """The store record of a prompt snapshot with the current version number."""
+        return SnapshotRecord(
+            run_id=self.id,
+            version=self.snapshot_version,
+            system=canonical_json([b.model_dump(mode="json") for b in system]),
+            tools=canonical_json([t.model_dump(mode="json") for t in tools]),
+            created=time.time(),
+            reason=reason,
+        )
+
+    async def save_snapshot(
+        self,
+        system: tuple[SystemBlock, ...],
+        tools: tuple[ToolDefinition, ...],
+        *,
+        reason: str,
+    ) -> None:
+        self.snapshot_version += 1
+        await self.env.store.save_snapshot(self.snapshot_record(system, tools, reason=reason))
+        self.system, self.tools = system, tools
+
+    def build_request(self) -> ModelRequest:
+        """The exact request for the current context, cache breakpoints placed (<= 4)."""
+        request = ModelRequest(
+            model=self.agent.model,
+            system=self.system,
+            tools=self.tools,
+            messages=tuple(self.context),
+            max_tokens=self.agent.max_tokens,
+        )
+        return self.with_breakpoints(request)
+
+    def with_breakpoints(self, request: ModelRequest) -> ModelRequest:
+        """``request`` with cache breakpoints placed by this agent's policy.
+
+        For any extra call that shares this run's prefix (e.g. a summarizer request built
+        from the run's system, tools and leading messages), so it reads the run's cache.
+        """
+        policy = self.agent.context
+        return place_breakpoints(
+            request,
+            ttl=policy.cache_ttl if policy.cache_breakpoints else None,
+            prefix_ttl=policy.prefix_cache_ttl,
+        )
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def context_tokens(self) -> int:
+        """Anchored on the last response's usage, plus an estimate of what came after."""
+        if self.last_usage is None:
+            return estimate_request(self.build_request())
+        anchored = self.last_usage.total_input_tokens + self.last_usage.output_tokens
+        return anchored + estimate_messages(self.appended_since_usage)
+
+    @property
+    def threshold(self) -> int:
+        return self.agent.context.threshold
+
+    # ------------------------------------------------------------------ appending
+    def message_records(
+        self, messages: Sequence[Message], kind: str = "message"
+    ) -> list[MessageRecord]:
+        """Store records for ``messages`` appended after the last committed one."""
+        return [
+            MessageRecord(
+                run_id=self.id,
+                seq=self.next_seq + offset,
+                role=message.role,
+                content=_message_json(message),
+                kind=kind,
+                created=time.time(),
+            )
+            for offset, message in enumerate(messages)
+        ]
+
+    async def append(self, *messages: Message, kind: str = "message") -> None:
+        """Commit messages to the store, then add them to the context."""
+        records = self.message_records(messages, kind)
+        await self.env.store.append_messages(records)
+        self.next_seq += len(records)
+        self.context.extend(messages)
+        self.appended_since_usage.extend(messages)
+
+    def replace_context(self, context: list[Message]) -> None:
+        """Swap in a compacted context (the caller has committed the boundary)."""
+        self.context = context
+        self.last_usage = None
+        self.appended_since_usage = list(context)
+        self.compactions += 1
+
+    # ------------------------------------------------------------------ driving
+    async def drive(self) -> str:
+        """Run until the agent gives a final answer; returns it.
+
+        Raises ``MaxTurnsExceeded`` (recorded as a failed run) and ``ModelError`` once
+        retries are exhausted (the run stays unfinished and resumable). A run that already
+        finished (e.g. loaded on resume) returns its committed answer at once.
+        """
+        if self.record.status == "done":
+            return self.record.output or ""
+        tracing = self.env.tracing
+        task = self.context[0].text if self.context else ""
+        store = self.env.store
+        # the latest few drives (each links further back): a run driven thousands of times
+        # (a long chat) would otherwise read and link every earlier drive on each one
+        earlier = [SpanRef(t, s) for t, s in await store.run_spans(self.id, limit=RESUME_LINKS)]
+        with tracing.agent_run(
+            agent=self.agent.name,
+            run_id=self.id,
+            session_id=self.env.session_id,
+            model=self.agent.model,
+            task=task,
+            resumed_from=earlier,
+        ) as span:
+            ref = tracing.span_ref(span)
+            if ref is not None:  # so a resumed run's span can link back to this one
+                await store.add_run_span(self.env.session_id, self.id, ref.trace_id, ref.span_id)
+            with anyio.fail_after(self.agent.timeout):
+                output = await self._loop()
+            tracing.agent_output(span, output)
+            return output
+
+    async def _loop(self) -> str:
+        while True:
+            if not self.context:
+                raise RuntimeError(f"run {self.id} has an empty context")
+            last = self.context[-1]
+            if last.role == "assistant":
+                if last.tool_uses:
+                    results = await self.run_tools(last.tool_uses)
+                    await self.append(Message(role="user", content=tuple(results)))
+                    continue
+                output = last.text
+                await self.env.store.finish_run(self.id, "done", output=output)
+                return output
+            if self.turns >= self.agent.max_turns:
+                error = MaxTurnsExceeded(self.agent.name, self.agent.max_turns)
+                await self.env.store.finish_run(self.id, "failed", error=str(error))
+                raise error
+            await self.env.pipeline.before_call(self)
+            response = await self.call_model()
+            self.context.append(response.to_message())
+            self.turns += 1
+            self.last_usage = response.usage
+            self.appended_since_usage = []
+
+    async def request_once(
+        self,
+        request: ModelRequest,
+        *,
+        attempt: int,
+        purpose: str | None = None,
+        on_response: Callable[[ModelResponse], Awaitable[None]] | None = None,
+    ) -> ModelResponse:
+        """One model call attempt, traced as its own ``chat`` span (no retry).
+
+        ``on_response`` runs inside the span, so what it records (the commit, a cache-break
+        event) belongs to this call.
+        """
+        env = self.env
+        with env.tracing.model_call(
+            model=request.model,
+            session_id=env.session_id,
+            agent=self.agent.name,
+            attempt=attempt,
+            compacted=self.compactions > 0,
+            messages=request.messages,
+            system=request.system,
+            purpose=purpose,
+        ) as span:
+            try:
+                response = await env.model.request(request)
+            except ModelError as error:
+                env.tracing.model_error(span, error)
+                raise
+            env.tracing.model_response(
+                span,
+                response_id=response.id,
+                response_model=response.model,
+                stop_reason=response.stop_reason,
+                usage=response.usage,
+                output=response.to_message(),
+            )
+            if on_response is not None:
+                await on_response(response)
+            return response
+
+    def retry_delay(self, attempt: int, error: ModelError) -> float | None:
+        """Seconds to wait before trying again, or ``None`` when the error is final."""
+        if isinstance(error, PromptTooLongError) or not self.env.retry.should_retry(attempt, error):
+            return None
+        delay = self.env.retry.delay(attempt, error)
+        self.env.tracing.retry_scheduled(error, delay, attempt)
+        return delay
+
+    async def call_model(self) -> ModelResponse:
+        """One model turn with retries; the call row is committed before each attempt."""
+        env = self.env
+        attempt = 0
+        too_long_attempts = 0
+        while True:
+            attempt += 1
+            if not self.agent.context.system_prompt_snapshot:
+                await self.rebuild_snapshot("rebuild")
+            request = self.build_request()
+            call_id = await env.store.begin_call(
+                CallRecord(
+                    run_id=self.id,
+                    turn=self.turns + 1,
+                    attempt=attempt,
+                    fingerprint=request.fingerprint(),
+                    message_count=len(request.messages),
+                    created=time.time(),
+                    snapshot_version=self.snapshot_version,
+                    compactions=self.compactions,
+                ),
+                (),
+            )
+
+            async def commit(response: ModelResponse, call_id: int = call_id) -> None:
+                message = response.to_message()
+                started = self._started_events(message.tool_uses)
+                await env.store.finish_call(
+                    call_id,
+                    status="ok",
+                    message=MessageRecord(
+                        run_id=self.id,
+                        seq=self.next_seq,
+                        role="assistant",
+                        content=_message_json(message),
+                        created=time.time(),
+                    ),
+                    response_id=response.id,
+                    model=response.model,
+                    stop_reason=response.stop_reason,
+                    usage=canonical_json(response.usage.model_dump(mode="json")),
+                    tool_events=started,
+                )
+                self.next_seq += 1
+                self._fresh_tools = (
+                    tuple(u.id for u in message.tool_uses),
+                    frozenset(e.call_id for e in started),
+                )
+                await self.after_response(call_id, response)
+
+            try:
+                return await self.request_once(request, attempt=attempt, on_response=commit)
+            except ModelError as error:
+                await env.store.finish_call(
+                    call_id, status="error", error_type=type(error).__name__, error=str(error)
+                )
+                if isinstance(error, PromptTooLongError):
+                    too_long_attempts += 1
+                    if await env.pipeline.on_prompt_too_long(self, error, too_long_attempts):
+                        attempt = 0
+                        continue
+                    raise
+                delay = self.retry_delay(attempt, error)
+                if delay is None:
+                    raise
+            await anyio.sleep(delay)
+
+    async def after_response(self, call_id: int, response: ModelResponse) -> None:
+        """Records a cache break if this call read less cache than it could; then runs the
+        ``after_response`` hook of cooperating features, if any."""
+        await check_cache_break(self, call_id, response)
+        hook = self.env.extras.get("after_response")
+        if hook is not None:
+            await hook(self, call_id, response)
+
+    # ------------------------------------------------------------------ tools
+    async def run_tools(self, uses: Sequence[ToolUseBlock]) -> list[ToolResultBlock]:
+        """Results for every tool_use, running only those without a committed result.
+
+        Each result is committed as it finishes, so a finished tool is never run again.
+        """
+        fresh, self._fresh_tools = self._fresh_tools, None
+        if fresh is not None and fresh[0] == tuple(u.id for u in uses):
+            # answered in this process a moment ago: nothing of it can have finished yet
+            finished: dict[str, ToolEventRecord] = {}
+            started: set[str] = set()
+            marked = fresh[1]
+        else:
+            events = await self.env.store.tool_events(self.id, [u.id for u in uses])
+            finished = {e.call_id: e for e in events if e.event == "finished"}
+            started = {e.call_id for e in events if e.event == "started"}
+            marked = frozenset()
+        outcomes: dict[str, ToolOutcome] = {
+            call_id: ToolOutcome(e.content or "", e.is_error) for call_id, e in finished.items()
+        }
+        todo = [use for use in uses if use.id not in finished]
+
+        async def run_one(use: ToolUseBlock) -> None:
+            outcome = await self._run_tool(
+                use, interrupted=use.id in started, marked=use.id in marked
+            )
+            await self.env.store.record_tool_event(self._finished_event(use, outcome))
+            outcomes[use.id] = outcome
+
+        if len(todo) == 1:
+            await run_one(todo[0])
+        elif todo:
+            async with anyio.create_task_group() as group:
+                for use in todo:
+                    group.start_soon(run_one, use)
+        results = []
+        for use in uses:
+            outcome = await self.env.pipeline.ingest(self, use, outcomes[use.id])
+            results.append(
+                ToolResultBlock(
+                    tool_use_id=use.id, content=outcome.content, is_error=outcome.is_error
+                )
+            )
+        return results
+
+    def _started_events(self, uses: Sequence[ToolUseBlock]) -> list[ToolEventRecord]:
+        """``started`` events for the calls that will run, committed with the response."""
+        now = time.time()
+        return [
+            ToolEventRecord(
+                run_id=self.id, call_id=use.id, name=use.name, event="started", created=now
+            )
+            for use in uses
+            if self.agent.tool(use.name) is not None or self._builtin(use.name) is not None
+        ]
+
+    def _finished_event(self, use: ToolUseBlock, outcome: ToolOutcome) -> ToolEventRecord:
+        return ToolEventRecord(
+            run_id=self.id,
+            call_id=use.id,
+            name=use.name,
+            event="finished",
+            created=time.time(),
+            content=outcome.content,
+            is_error=outcome.is_error,
+        )
+
+    def _builtin(self, name: str) -> BuiltinTool | None:
+        return next(
+            (b for b in self.env.builtins if b.name == name and b.applies_to(self.agent)), None
+        )
+
+    async def _run_tool(
+        self, use: ToolUseBlock, *, interrupted: bool, marked: bool = False
+    ) -> ToolOutcome:
+        """Run one call (``marked``: its ``started`` event is already committed)."""
+        tool = self.agent.tool(use.name)
+        builtin = None if tool else self._builtin(use.name)
+        store = self.env.store
+        if tool is None and builtin is None:
+            available = sorted(d.name for d in self.tools)
+            outcome = ToolOutcome(
+                f"Unknown tool {use.name!r}. Available tools: {', '.join(available) or 'none'}.",
+                is_error=True,
+            )
+        elif interrupted and tool is not None and tool.on_interrupt == "report":
+            outcome = ToolOutcome(INTERRUPTED_REPORT, is_error=True)
+        else:
+            if not marked:
+                await store.record_tool_event(
+                    ToolEventRecord(
+                        run_id=self.id,
+                        call_id=use.id,
+                        name=use.name,
+                        event="started",
+                        created=time.time(),
+                    )
+                )
+            with self.env.tracing.tool_call(
+                tool=use.name,
+                call_id=use.id,
+                session_id=self.env.session_id,
+                description=tool.description if tool else "",
+                arguments=use.input,
+            ) as span:
+                if tool is not None:
+                    outcome = await run_user_tool(
+                        tool,
+                        use,
+                        session_id=self.env.session_id,
+                        run_id=self.id,
+                        agent_name=self.agent.name,
+                        default_timeout=self.agent.tool_timeout,
+                    )
+                else:
+                    assert builtin is not None
+                    outcome = await builtin.run(self, use)
+                self.env.tracing.tool_result(span, outcome.content, outcome.is_error)
+        return outcome

@@ -1,0 +1,138 @@
+"""The built-in ``recall`` tool: nothing that left an agent's context is out of its reach.
+
+``recall(id=...)`` returns the original text behind a handle (a spilled or cleared tool
+output ``out_…``, a sub-agent's full report, or ``msg-N`` from a search), page by page;
+``recall(query=...)`` searches the run's own history (SQLite FTS5 over every original
+message and spilled output, compacted or not).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from anabranch.agents import Agent
+from anabranch.messages import Message, TextBlock, ToolDefinition, ToolUseBlock
+from anabranch.runtime._builtins import ToolOutcome
+
+if TYPE_CHECKING:
+    from anabranch.runtime._loop import AgentRun
+
+__all__ = ["RecallTool"]
+
+_MESSAGE_ID = re.compile(r"^msg-(\d+)$")
+_PAGE_NOTE_ROOM = 200
+
+DESCRIPTION = (
+    "Get back text that is no longer in your context, or search your own history. "
+    "Pass `id` to read the original behind a handle: `out_...` from a note such as "
+    "'recall id=out_...' (a truncated, cleared or elided tool output, or a full report), "
+    "or `msg-N` from a search result. Long texts come in pages: pass the `offset` the "
+    "previous page names. Pass `query` (a few words) to search every earlier message and "
+    "tool output of this run, including those compacted away."
+)
+
+
+class RecallArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(None, description="A handle: out_... or msg-N.")
+    query: str | None = Field(None, description="Words to search for in your own history.")
+    offset: int = Field(0, ge=0, description="With id: the character to start reading at.")
+    limit: int = Field(5, ge=1, le=20, description="With query: the most matches to list.")
+
+
+@functools.cache
+def _schema() -> dict[str, Any]:
+    """The arguments' JSON schema, built once (pydantic takes about a millisecond per call,
+    and every agent run asks for it)."""
+    schema: dict[str, Any] = RecallArguments.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    return schema
+
+
+def _render(message: Message) -> str:
+    parts = [f"({message.role})"]
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            parts.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            parts.append(f"[tool call {block.name} id={block.id}] {json.dumps(block.input)}")
+        else:
+            error = " error" if block.is_error else ""
+            parts.append(f"[tool result id={block.tool_use_id}{error}]\n{block.content}")
+    return "\n".join(parts)
+
+
+class RecallTool:
+    """``recall``: fetch an original by handle, or search the run's own history."""
+
+    name = "recall"
+
+    def applies_to(self, agent: Agent) -> bool:
+        return True
+
+    def definition(self, agent: Agent) -> ToolDefinition:
+        return ToolDefinition(name=self.name, description=DESCRIPTION, input_schema=_schema())
+
+    async def run(self, run: AgentRun, call: ToolUseBlock) -> ToolOutcome:
+        try:
+            args = RecallArguments.model_validate(call.input)
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(e["msg"] for e in exc.errors())
+            return ToolOutcome(f"Invalid arguments for recall: {problems}", is_error=True)
+        if args.id:
+            return await self._fetch(run, args.id.strip(), args.offset)
+        if args.query and args.query.strip():
+            return await self._search(run, args.query, args.limit)
+        return ToolOutcome("Pass `id` (a handle) or `query` (words to search).", is_error=True)
+
+    async def _fetch(self, run: AgentRun, handle: str, offset: int) -> ToolOutcome:
+        store = run.env.store
+        text: str | None = None
+        match = _MESSAGE_ID.match(handle)
+        if match:
+            seq = int(match.group(1))
+            records = await store.load_messages(run.id, from_seq=seq, to_seq=seq)
+            if records and records[0].kind == "message":
+                record = records[0]
+                message = Message.model_validate(
+                    {"role": record.role, "content": json.loads(record.content)}
+                )
+                text = _render(message)
+        else:
+            spill = await store.get_spill_record(handle)
+            if spill is not None:
+                owner = await store.get_run(spill.run_id)
+                if owner is not None and owner.session_id == run.env.session_id:
+                    text = spill.content
+        if text is None:
+            return ToolOutcome(f"Nothing is stored under id {handle!r} for this run.", True)
+        page = max(1, run.agent.context.tool_result_max_chars - _PAGE_NOTE_ROOM)
+        if offset >= len(text) and text:
+            return ToolOutcome(f"id {handle} has {len(text):,} characters; offset is past the end.")
+        chunk = text[offset : offset + page]
+        end = offset + len(chunk)
+        if end < len(text):
+            chunk += f"\n[{len(text) - end:,} more characters: recall id={handle} offset={end}]"
+        return ToolOutcome(chunk)
+
+    async def _search(self, run: AgentRun, query: str, limit: int) -> ToolOutcome:
+        hits = await run.env.store.search_history(run.id, query, limit)
+        if not hits:
+            return ToolOutcome(f"No match for {query!r} in this run's history.")
+        lines = [f"{len(hits)} match(es) for {query!r} in this run's history:"]
+        for hit in hits:
+            ref = f"msg-{hit.ref}" if hit.source == "message" else hit.ref
+            kind = "message" if hit.source == "message" else "tool output"
+            snippet = " ".join(hit.snippet.split())
+            lines.append(f"- id={ref} ({kind}): {snippet}")
+        lines.append("Read one in full with recall(id=...).")
+        return ToolOutcome("\n".join(lines))

@@ -1,0 +1,447 @@
+"""``Runtime``: opens the store and runs, resumes and reports sessions."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+from opentelemetry import trace
+
+from anabranch.agents import Agent, Graph
+from anabranch.errors import (
+    AnabranchError,
+    LeaseLostError,
+    SessionBusyError,
+    SessionNotFoundError,
+    UserError,
+)
+from anabranch.messages import Usage
+from anabranch.models._base import Model
+from anabranch.models._retry import RetryPolicy
+from anabranch.runtime._builtins import BuiltinTool
+from anabranch.runtime._compactor import CompactingPipeline
+from anabranch.runtime._graph import resume_graph, run_graph
+from anabranch.runtime._loader import load_object
+from anabranch.runtime._loop import AgentRun, Environment, new_id
+from anabranch.runtime._pipeline import ContextPipeline
+from anabranch.runtime._recall import RecallTool
+from anabranch.runtime._report import summarizer_usage
+from anabranch.runtime._results import GraphResult, RunResult
+from anabranch.runtime._rewind import rewind_run
+from anabranch.runtime._spawn import SpawnLimits, SpawnTool
+from anabranch.store import BoundaryRecord, RunRecord, SessionRecord, SQLiteStore, Store
+from anabranch.store._sqlite import Synchronous
+from anabranch.traces import Tracing
+
+__all__ = ["Runtime", "default_builtins", "default_pipeline"]
+
+DEFAULT_DB = "anabranch.db"
+
+
+def default_builtins() -> tuple[BuiltinTool, ...]:
+    """The built-in tools every runtime offers (to the agents they apply to)."""
+    return (SpawnTool(), RecallTool())
+
+
+def default_pipeline() -> ContextPipeline:
+    """The context pipeline used when none is given: budgets, clearing, compaction."""
+    return CompactingPipeline()
+
+
+def _agent_outline(agent: Agent) -> dict[str, Any]:
+    return {
+        "name": agent.name,
+        "model": agent.model,
+        "window": agent.context.window,
+        "tools": [t.name for t in agent.tools],
+        "subagents": [_agent_outline(a) for a in agent.subagents],
+    }
+
+
+class Runtime:
+    """Runs agents against a SQLite store. Use as ``async with Runtime(db=...) as rt``.
+
+    Args:
+        db: path of the SQLite file (created owner-only), default ``$ANABRANCH_DB`` or
+            ``./anabranch.db``.
+        model: the model client; default ``AnthropicModel()`` (``ANTHROPIC_API_KEY``,
+            ``ANTHROPIC_BASE_URL``), created on first use.
+        retry: retry policy for model calls.
+        tracer_provider: OpenTelemetry provider; default the global one (no-op without SDK).
+        capture_content: put message content in spans (default: off, or the
+            ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` variable).
+        synchronous: SQLite ``synchronous`` level for commits.
+        agents: definitions this runtime can resume by name without being given them.
+        graphs: graphs this runtime can resume by name.
+        spawn_limits: sub-agent limits (depth, concurrent children, report share).
+    """
+
+    def __init__(
+        self,
+        db: str | os.PathLike[str] | None = None,
+        *,
+        model: Model | None = None,
+        retry: RetryPolicy | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+        capture_content: bool | None = None,
+        synchronous: Synchronous = "FULL",
+        agents: Sequence[Agent] = (),
+        pipeline: ContextPipeline | None = None,
+        builtins: Sequence[BuiltinTool] | None = None,
+        lease_ttl: float = 30.0,
+        graphs: Sequence[Graph] = (),
+        spawn_limits: SpawnLimits | None = None,
+    ) -> None:
+        self.db_path = Path(db if db is not None else os.environ.get("ANABRANCH_DB", DEFAULT_DB))
+        self._model = model
+        self.retry = retry or RetryPolicy()
+        self.tracing = Tracing(tracer_provider, capture_content=capture_content)
+        self.synchronous: Synchronous = synchronous
+        self.pipeline = pipeline or default_pipeline()
+        self.builtins = tuple(builtins) if builtins is not None else default_builtins()
+        self.lease_ttl = lease_ttl
+        self._agents: dict[str, Agent] = {a.name: a for a in agents}
+        self.graphs: dict[str, Graph] = {g.name: g for g in graphs}
+        self.spawn_limits = spawn_limits or SpawnLimits()
+        self._store: Store | None = None
+        self._owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._driving: set[str] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> Runtime:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def open(self, *, create: bool = True) -> None:
+        if self._store is None:
+            self._store = await SQLiteStore.open(
+                self.db_path, create=create, synchronous=self.synchronous
+            )
+
+    async def aclose(self) -> None:
+        if self._store is not None:
+            await self._store.close()
+            self._store = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise UserError("the runtime is not open: use 'async with Runtime(...) as rt'")
+        return self._store
+
+    @property
+    def model(self) -> Model:
+        if self._model is None:
+            from anabranch.models._anthropic import AnthropicModel
+
+            self._model = AnthropicModel()
+        return self._model
+
+    def environment(self, session_id: str) -> Environment:
+        """The shared environment for runs of one session."""
+        return Environment(
+            store=self.store,
+            model=self.model,
+            session_id=session_id,
+            retry=self.retry,
+            tracing=self.tracing,
+            pipeline=self.pipeline,
+            builtins=self.builtins,
+            extras={"runtime": self, "spawn_limits": self.spawn_limits},
+        )
+
+    def register(self, *definitions: Agent | Graph) -> None:
+        """Make agents (and graphs) resumable by name in this process."""
+        for definition in definitions:
+            if isinstance(definition, Graph):
+                self.graphs[definition.name] = definition
+            else:
+                self._agents[definition.name] = definition
+
+    # ------------------------------------------------------------------ running
+    async def open_session(
+        self,
+        *,
+        kind: Literal["agent", "graph"],
+        entry: str,
+        task: str,
+        source: str | None,
+        outline: dict[str, Any],
+        on_session: Callable[[str], None] | None,
+    ) -> str:
+        """Commit a new session and announce its id (before anything runs in it)."""
+        session_id = new_id("ses")
+        await self.store.create_session(
+            SessionRecord(
+                id=session_id,
+                created=time.time(),
+                kind=kind,
+                entry=entry,
+                task=task,
+                source=source,
+                definition=json.dumps(outline),
+            )
+        )
+        if on_session is not None:
+            on_session(session_id)
+        return session_id
+
+    async def run(
+        self,
+        agent: Agent,
+        task: str,
+        *,
+        source: str | None = None,
+        on_session: Callable[[str], None] | None = None,
+    ) -> RunResult:
+        """Run ``agent`` on ``task`` in a new session and return its result.
+
+        Args:
+            source: ``file.py:name`` the agent came from, so another process can resume it.
+            on_session: called with the session id as soon as the session is committed.
+
+        Raises:
+            RunError: the run failed for good (e.g. ``MaxTurnsExceeded``).
+            ModelError: the model kept failing; the session is resumable.
+        """
+        if not isinstance(agent, Agent):
+            raise UserError(f"run() needs an Agent, got {type(agent).__name__}")
+        if not isinstance(task, str) or not task.strip():
+            raise UserError("the task must be a non-empty string")
+        self.register(agent)
+        session_id = await self.open_session(
+            kind="agent",
+            entry=agent.name,
+            task=task,
+            source=source,
+            outline=_agent_outline(agent),
+            on_session=on_session,
+        )
+        env = self.environment(session_id)
+
+        async def start_and_drive() -> str:
+            root = await AgentRun.start(env, agent, task)
+            return await root.drive()
+
+        return await self._drive_session(session_id, agent.name, start_and_drive)
+
+    async def run_graph(
+        self,
+        graph: Graph,
+        *,
+        source: str | None = None,
+        on_session: Callable[[str], None] | None = None,
+    ) -> GraphResult:
+        """Run a task graph in a new session; returns every task's status and report.
+
+        A failed task does not raise: it shows in ``GraphResult.tasks`` (and ``status`` is
+        ``failed``). Resume an interrupted graph with ``resume(session_id)``.
+        """
+        return await run_graph(self, graph, source=source, on_session=on_session)
+
+    async def resume(self, session_id: str, agent: Agent | None = None) -> RunResult:
+        """Continue a session from wherever it stopped; a finished one returns its result
+        (a ``GraphResult`` for a graph session).
+
+        Raises:
+            SessionNotFoundError: no such session.
+            SessionBusyError: another live process is driving it.
+        """
+        session = await self.store.get_session(session_id)
+        if session is None:
+            raise SessionNotFoundError(session_id)
+        if session.status in ("done", "failed") and session.finished is not None:
+            finished = await self._finished_result(session)
+            if finished is not None:
+                return finished
+        if session.kind != "agent":
+            resumer = self._resumers.get(session.kind)
+            if resumer is None:
+                raise UserError(f"cannot resume a session of kind {session.kind!r}")
+            result: RunResult = await resumer(self, session)
+            return result
+        root_agent = self.resolve_agent(session, agent)
+        root = await self._root_run(session_id)
+        if root is not None and root.status in ("done", "failed"):
+            # The process stopped after the answer was committed: nothing left to run.
+            return await self._record_finished(session_id, root)
+        env = self.environment(session_id)
+
+        async def load_and_drive() -> str:
+            if root is None:  # crashed before the first message was committed
+                run = await AgentRun.start(env, root_agent, session.task)
+            else:
+                run = await AgentRun.load(env, root_agent, root)
+            return await run.drive()
+
+        return await self._drive_session(session_id, root_agent.name, load_and_drive)
+
+    _resumers: dict[str, Callable[..., Any]] = {"graph": resume_graph}
+    """Resume functions for other session kinds (e.g. graphs), by kind."""
+
+    def resolve_agent(self, session: SessionRecord, agent: Agent | None = None) -> Agent:
+        """The root agent of a session: given, registered, or loaded from its source."""
+        if agent is not None:
+            if agent.name != session.entry:
+                raise UserError(
+                    f"session {session.id} was run by agent {session.entry!r}, not {agent.name!r}"
+                )
+            return agent
+        if session.entry in self._agents:
+            return self._agents[session.entry]
+        if session.source:
+            loaded = load_object(session.source)
+            if isinstance(loaded, Agent) and loaded.name == session.entry:
+                self.register(loaded)
+                return loaded
+        raise UserError(
+            f"cannot find agent {session.entry!r} to resume session {session.id}: pass it to "
+            "resume(session_id, agent=...) or Runtime(agents=[...])"
+        )
+
+    async def _root_run(self, session_id: str) -> RunRecord | None:
+        runs = await self.store.list_runs(session_id)
+        return next((r for r in runs if r.parent_run_id is None and r.task_id is None), None)
+
+    async def _finished_result(self, session: SessionRecord) -> RunResult | None:
+        root = await self._root_run(session.id)
+        if root is None or root.status not in ("done", "failed"):
+            return None
+        return RunResult(
+            session_id=session.id,
+            run_id=root.id,
+            agent=root.agent_name,
+            status="done" if root.status == "done" else "failed",
+            output=root.output or "",
+            usage=await self.session_usage(session.id),
+            error=root.error,
+        )
+
+    async def _record_finished(self, session_id: str, root: RunRecord) -> RunResult:
+        """The result of a session whose root run finished before the process stopped."""
+        session = await self.store.get_session(session_id)
+        if session is not None and session.status != root.status:
+            await self.store.acquire_lease(session_id, self._owner, self.lease_ttl)
+            try:
+                await self.store.set_session_status(
+                    session_id,
+                    "done" if root.status == "done" else "failed",
+                    output=root.output,
+                    error=root.error,
+                )
+            finally:
+                await self.store.release_lease(session_id, self._owner)
+        return RunResult(
+            session_id=session_id,
+            run_id=root.id,
+            agent=root.agent_name,
+            status="done" if root.status == "done" else "failed",
+            output=root.output or "",
+            usage=await self.session_usage(session_id),
+            error=root.error,
+        )
+
+    async def _drive_session(
+        self, session_id: str, agent_name: str, drive: Callable[[], Any]
+    ) -> RunResult:
+        store = self.store
+        if session_id in self._driving:
+            raise SessionBusyError(session_id, f"this runtime ({self._owner})")
+        await store.acquire_lease(session_id, self._owner, self.lease_ttl)
+        self._driving.add(session_id)
+        failure: Exception | None = None
+        lease_lost = False
+        output = ""
+
+        async def keep_lease(group: anyio.abc.TaskGroup) -> None:
+            nonlocal lease_lost
+            if not await self._keep_lease(session_id):
+                lease_lost = True
+                group.cancel_scope.cancel()
+
+        try:
+            await store.set_session_status(session_id, "running")
+            async with anyio.create_task_group() as group:
+                group.start_soon(keep_lease, group)
+                try:
+                    output = await drive()
+                except Exception as exc:
+                    failure = exc
+                finally:
+                    group.cancel_scope.cancel()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await store.set_session_status(session_id, "cancelled", error="cancelled")
+            raise
+        finally:
+            self._driving.discard(session_id)
+            with anyio.CancelScope(shield=True):
+                await store.release_lease(session_id, self._owner)
+        if lease_lost:  # another process owns the session now: write nothing more
+            raise LeaseLostError(session_id, self._owner)
+        root = await self._root_run(session_id)
+        run_id = root.id if root else ""
+        if failure is not None:
+            await store.set_session_status(session_id, "failed", error=str(failure))
+            if isinstance(failure, AnabranchError):
+                failure.session_id = session_id
+            raise failure
+        await store.set_session_status(session_id, "done", output=output)
+        return RunResult(
+            session_id=session_id,
+            run_id=run_id,
+            agent=agent_name,
+            status="done",
+            output=output,
+            usage=await self.session_usage(session_id),
+        )
+
+    async def _keep_lease(self, session_id: str) -> bool:
+        """Renew the lease every third of its ttl; returns False once it was lost."""
+        while True:
+            await anyio.sleep(self.lease_ttl / 3)
+            with anyio.CancelScope(shield=True):
+                renewed = await self.store.renew_lease(session_id, self._owner, self.lease_ttl)
+            if not renewed:
+                return False
+
+    async def rewind(self, session_id: str, run_id: str, boundary_id: int) -> BoundaryRecord:
+        """Restore a run's context to what it was before boundary ``boundary_id``.
+
+        The rewind is a new boundary (a new branch); nothing is deleted, so the context
+        that was left stays readable. Resume the session to continue from it.
+
+        Raises:
+            UserError: unknown run or boundary; SessionBusyError: the session is running.
+        """
+        await self.store.acquire_lease(session_id, self._owner, self.lease_ttl)
+        try:
+            return await rewind_run(self.store, session_id, run_id, boundary_id)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.store.release_lease(session_id, self._owner)
+
+    # ------------------------------------------------------------------ reporting
+    async def session_usage(self, session_id: str, run_id: str | None = None) -> Usage:
+        """Tokens paid in the session (or one run): agent calls plus summarizer calls.
+
+        Agent calls are summed in SQL (a long session costs no rows in Python)."""
+        sums = await self.store.sum_call_usage(session_id, tuple(Usage.model_fields), run_id=run_id)
+        total = Usage(**sums)
+        for boundary in await self.store.list_boundaries(session_id=session_id):
+            if run_id is None or boundary.run_id == run_id:
+                summarizer = summarizer_usage(boundary)
+                if summarizer is not None:
+                    total = total + summarizer
+        return total

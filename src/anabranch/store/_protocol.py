@@ -1,0 +1,208 @@
+"""``Store``: what the runtime needs of a durable store, whatever the backend.
+
+A backend keeps append-only history tables and commits every write atomically (a write
+returns only once it is durable). The runtime depends on this protocol, never on a backend
+class; the conformance suite in ``tests/store_conformance`` is what every backend must pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from anabranch.store._records import (
+    BoundaryRecord,
+    CallRecord,
+    HistoryHit,
+    MessageRecord,
+    RunRecord,
+    RunStatus,
+    SessionRecord,
+    SnapshotRecord,
+    SpillRecord,
+    ToolEventRecord,
+)
+
+__all__ = ["Store"]
+
+
+@runtime_checkable
+class Store(Protocol):
+    """An open store. Obtain one from a backend (``SQLiteStore.open``) and ``close`` it."""
+
+    async def close(self) -> None: ...
+
+    async def create_session(self, session: SessionRecord) -> None: ...
+
+    async def set_session_status(
+        self,
+        session_id: str,
+        status: RunStatus,
+        *,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> None: ...
+
+    async def get_session(self, session_id: str) -> SessionRecord | None: ...
+
+    async def list_sessions(self, limit: int = 100) -> list[SessionRecord]: ...
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
+        """Take the session's lease, or raise ``SessionBusyError`` if a live owner has it."""
+        ...
+
+    async def renew_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Extend the lease; False if ``owner`` no longer holds it (another process took
+        it over after it expired)."""
+        ...
+
+    async def release_lease(self, session_id: str, owner: str) -> None: ...
+
+    async def lease_holder(self, session_id: str) -> str | None:
+        """The live owner of the session's lease, if any."""
+        ...
+
+    async def create_run(
+        self,
+        run: RunRecord,
+        *,
+        snapshot: SnapshotRecord | None = None,
+        messages: Sequence[MessageRecord] = (),
+    ) -> None:
+        """Commit a new run with its first prompt snapshot and messages in one transaction,
+        so a crash never leaves a run without its task."""
+        ...
+
+    async def finish_run(
+        self, run_id: str, status: RunStatus, *, output: str | None = None, error: str | None = None
+    ) -> None: ...
+
+    async def get_run(self, run_id: str) -> RunRecord | None: ...
+
+    async def list_runs(self, session_id: str) -> list[RunRecord]: ...
+
+    async def find_child_run(self, parent_run_id: str, parent_call_id: str) -> RunRecord | None: ...
+
+    async def append_messages(self, messages: Sequence[MessageRecord]) -> None:
+        """Commit messages in one transaction."""
+        ...
+
+    async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
+        """Commit pending messages and the call row together, before the request is sent."""
+        ...
+
+    async def finish_call(
+        self,
+        call_id: int,
+        *,
+        status: Literal["ok", "error", "interrupted"],
+        message: MessageRecord | None = None,
+        error_type: str | None = None,
+        error: str | None = None,
+        response_id: str | None = None,
+        model: str | None = None,
+        stop_reason: str | None = None,
+        usage: str | None = None,
+        tool_events: Sequence[ToolEventRecord] = (),
+    ) -> None:
+        """Commit the call's outcome (and the assistant message, and the ``started`` events
+        of the tool calls it asks for) in one transaction."""
+        ...
+
+    async def close_interrupted_calls(self, run_id: str) -> list[CallRecord]:
+        """Record an ``interrupted`` outcome for every call of the run still in flight."""
+        ...
+
+    async def load_messages(
+        self, run_id: str, *, from_seq: int = 0, to_seq: int | None = None
+    ) -> list[MessageRecord]: ...
+
+    async def next_seq(self, run_id: str) -> int: ...
+
+    async def list_calls(self, run_id: str) -> list[CallRecord]: ...
+
+    async def recent_ok_calls(self, run_id: str, *, up_to: int, limit: int = 2) -> list[CallRecord]:
+        """The run's last ``limit`` successful calls with id <= ``up_to``, newest first."""
+        ...
+
+    async def last_call(self, run_id: str, *, ok: bool = False) -> CallRecord | None:
+        """The run's latest call (with ``ok``: latest successful one), read from the end of
+        the (run_id, turn) index: a run's calls are numbered by turn in id order."""
+        ...
+
+    async def count_calls(self, run_id: str, status: str = "ok") -> int:
+        """How many of the run's call attempts ended with ``status`` (no rows loaded)."""
+        ...
+
+    async def last_ok_turn(self, run_id: str) -> int:
+        """The turn of the run's latest successful call (0 if none). A run's successful calls
+        are turns 1..n, so this is their count, read from the end of the (run_id, turn)
+        index instead of counting the whole history."""
+        ...
+
+    async def sum_call_usage(
+        self, session_id: str, keys: Sequence[str], *, run_id: str | None = None
+    ) -> dict[str, int]:
+        """Sums of integer ``keys`` of the usage JSON of the session's (or run's) successful
+        calls, computed in SQL: a long session's usage costs no rows in Python."""
+        ...
+
+    async def session_calls(self, session_id: str) -> list[CallRecord]: ...
+
+    async def record_tool_event(self, event: ToolEventRecord) -> None: ...
+
+    async def tool_events(self, run_id: str, call_ids: Sequence[str]) -> list[ToolEventRecord]: ...
+
+    async def save_snapshot(self, snapshot: SnapshotRecord) -> None: ...
+
+    async def latest_snapshot(self, run_id: str) -> SnapshotRecord | None: ...
+
+    async def get_snapshot(self, run_id: str, version: int) -> SnapshotRecord | None: ...
+
+    async def list_snapshots(self, run_id: str) -> list[SnapshotRecord]:
+        """Every snapshot of a run, oldest first."""
+        ...
+
+    async def add_boundary(
+        self, boundary: BoundaryRecord, messages: Sequence[MessageRecord] = ()
+    ) -> int:
+        """Commit a boundary (and any messages that belong with it) atomically."""
+        ...
+
+    async def list_boundaries(
+        self, *, run_id: str | None = None, session_id: str | None = None
+    ) -> list[BoundaryRecord]: ...
+
+    async def get_boundary(self, boundary_id: int) -> BoundaryRecord | None: ...
+
+    async def count_boundaries(self, run_id: str, status: str = "ok") -> int: ...
+
+    async def latest_boundary(self, run_id: str) -> BoundaryRecord | None: ...
+
+    async def save_spill(self, handle: str, run_id: str, call_id: str, content: str) -> None: ...
+
+    async def get_spill(self, handle: str) -> str | None: ...
+
+    async def get_spill_record(self, handle: str) -> SpillRecord | None:
+        """The spill behind ``handle`` with the run that saved it."""
+        ...
+
+    async def search_history(self, run_id: str, text: str, limit: int = 5) -> list[HistoryHit]:
+        """Full-text matches of ``text``'s words in one run's original messages and spills."""
+        ...
+
+    async def add_cache_break(
+        self, run_id: str, call_id: int, cause: str, expected_read: int, actual_read: int
+    ) -> None: ...
+
+    async def list_cache_breaks(self, session_id: str) -> list[dict[str, Any]]: ...
+
+    async def add_run_span(self, session_id: str, run_id: str, trace_id: str, span_id: str) -> None:
+        """Remember the (hex) trace and span id of one drive of a run (for a graph's own
+        span, ``run_id`` is the session id)."""
+        ...
+
+    async def run_spans(self, run_id: str, limit: int | None = None) -> list[tuple[str, str]]:
+        """``(trace_id, span_id)`` of the earlier drives of a run (the latest ``limit`` of
+        them, if given), oldest first."""
+        ...

@@ -1,0 +1,516 @@
+"""Spans for agent runs, model calls, tool calls and compactions.
+
+Only the OpenTelemetry API is used: without an SDK every span is a no-op. Telemetry never
+raises into a run: attribute and event helpers swallow their own errors.
+
+Attributes follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``) and, so that
+Arize Phoenix shows span kinds, sessions and token counts without guessing, the core
+OpenInference keys (``openinference.span.kind``, ``session.id``, ``llm.token_count.*``,
+``input.value``/``output.value``). Message content is recorded only when opted in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from anabranch.messages import (
+    Message,
+    SystemBlock,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
+
+__all__ = ["SpanRef", "Tracing", "content_capture_from_env"]
+
+_log = logging.getLogger(__name__)
+PROVIDER = "anthropic"
+CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_CONTENT_ON = {"true", "1", "yes", "span_only", "span_and_event"}
+
+
+def content_capture_from_env() -> bool:
+    """Message content in spans is opt-in via OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT.
+
+    ``true``/``1``, ``SPAN_ONLY`` and ``SPAN_AND_EVENT`` turn it on; anything else (including
+    the default ``NO_CONTENT``) keeps it off.
+    """
+    return os.environ.get(CONTENT_ENV, "").strip().lower() in _CONTENT_ON
+
+
+@dataclass(frozen=True)
+class SpanRef:
+    """The ids of one span as lowercase hex, as stored and as shown by trace UIs."""
+
+    trace_id: str
+    span_id: str
+
+
+def _safe_set(span: Span, attributes: Mapping[str, Any]) -> None:
+    try:
+        span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+    except Exception:  # pragma: no cover - telemetry must never break a run
+        _log.debug("could not set span attributes", exc_info=True)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _links(refs: Sequence[SpanRef]) -> list[Link]:
+    links = []
+    for ref in refs:
+        try:
+            context = SpanContext(
+                trace_id=int(ref.trace_id, 16),
+                span_id=int(ref.span_id, 16),
+                is_remote=True,
+                trace_flags=TraceFlags(TraceFlags.SAMPLED),
+            )
+        except ValueError:
+            continue
+        if context.is_valid:
+            links.append(Link(context, {"anabranch.link.type": "resumed_from"}))
+    return links
+
+
+def _parts(message: Message) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            parts.append({"type": "text", "content": block.text})
+        elif isinstance(block, ToolUseBlock):
+            parts.append(
+                {"type": "tool_call", "id": block.id, "name": block.name, "arguments": block.input}
+            )
+        elif isinstance(block, ToolResultBlock):
+            parts.append(
+                {"type": "tool_call_response", "id": block.tool_use_id, "response": block.content}
+            )
+    return parts
+
+
+def _semconv_messages(messages: Sequence[Message]) -> str:
+    return _json([{"role": m.role, "parts": _parts(m)} for m in messages])
+
+
+class Tracing:
+    """Creates anabranch's spans on a tracer (default: the global provider's).
+
+    Args:
+        tracer_provider: where spans go; default the global provider (a no-op without SDK).
+        capture_content: record prompts, outputs, tool arguments and results; default off,
+            or on when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` says so.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None = None,
+        *,
+        capture_content: bool | None = None,
+    ) -> None:
+        provider = tracer_provider or trace.get_tracer_provider()
+        self._tracer = provider.get_tracer("anabranch")
+        self.capture_content = (
+            content_capture_from_env() if capture_content is None else capture_content
+        )
+
+    @contextmanager
+    def _span(
+        self,
+        name: str,
+        kind: SpanKind,
+        attributes: Mapping[str, Any],
+        links: Sequence[Link] = (),
+    ) -> Iterator[Span]:
+        """A current span; if the SDK or a span processor fails, the run goes on without it."""
+        try:
+            manager = self._tracer.start_as_current_span(
+                name,
+                kind=kind,
+                links=list(links) or None,
+                record_exception=True,
+                set_status_on_exception=True,
+            )
+            span = manager.__enter__()
+        except Exception:
+            _log.debug("could not start span %s", name, exc_info=True)
+            yield trace.INVALID_SPAN
+            return
+        try:
+            _safe_set(span, attributes)
+            yield span
+        except BaseException as exc:
+            try:
+                suppressed = manager.__exit__(type(exc), exc, exc.__traceback__)
+            except BaseException as raised:
+                if raised is exc:
+                    raise
+                _log.debug("could not end span %s", name, exc_info=True)
+                suppressed = False
+            if not suppressed:
+                raise
+        else:
+            try:
+                manager.__exit__(None, None, None)
+            except Exception:
+                _log.debug("could not end span %s", name, exc_info=True)
+
+    @staticmethod
+    def span_ref(span: Span) -> SpanRef | None:
+        """The span's ids, or None when nothing is recorded (no SDK, not sampled)."""
+        try:
+            context = span.get_span_context()
+            if not context.is_valid or not span.is_recording():
+                return None
+            return SpanRef(
+                trace.format_trace_id(context.trace_id), trace.format_span_id(context.span_id)
+            )
+        except Exception:  # pragma: no cover
+            return None
+
+    # ------------------------------------------------------------------ agents
+    @contextmanager
+    def agent_run(
+        self,
+        *,
+        agent: str,
+        run_id: str,
+        session_id: str,
+        model: str,
+        task: str,
+        resumed_from: Sequence[SpanRef] = (),
+    ) -> Iterator[Span]:
+        """``invoke_agent {agent}``: one drive of one agent run.
+
+        ``resumed_from`` are the spans of earlier drives of the same run (the run was
+        resumed); the new span links to them, so a resumed session's trace points back.
+        """
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.provider.name": PROVIDER,
+            "gen_ai.agent.name": agent,
+            "gen_ai.agent.id": run_id,
+            "gen_ai.conversation.id": session_id,
+            "gen_ai.request.model": model,
+            "openinference.span.kind": "AGENT",
+            "session.id": session_id,
+            "agent.name": agent,
+        }
+        if resumed_from:
+            attributes["anabranch.resumed"] = True
+        if self.capture_content:
+            attributes["input.value"] = task
+            attributes["input.mime_type"] = "text/plain"
+        with self._span(
+            f"invoke_agent {agent}", SpanKind.INTERNAL, attributes, _links(resumed_from)
+        ) as span:
+            yield span
+
+    @contextmanager
+    def graph_run(
+        self,
+        *,
+        graph: str,
+        session_id: str,
+        tasks: int,
+        resumed_from: Sequence[SpanRef] = (),
+    ) -> Iterator[Span]:
+        """The span of a task graph: every task's ``invoke_agent`` span nests under it.
+
+        ``resumed_from``: the graph's spans from earlier drives of the session (links).
+        """
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_workflow",
+            "gen_ai.conversation.id": session_id,
+            "openinference.span.kind": "CHAIN",
+            "session.id": session_id,
+            "anabranch.graph.name": graph,
+            "anabranch.graph.tasks": tasks,
+        }
+        if resumed_from:
+            attributes["anabranch.resumed"] = True
+        with self._span(
+            f"invoke_workflow {graph}", SpanKind.INTERNAL, attributes, _links(resumed_from)
+        ) as span:
+            yield span
+
+    def agent_output(self, span: Span, output: str, usage: Usage | None = None) -> None:
+        attributes: dict[str, Any] = {}
+        if self.capture_content:
+            attributes["output.value"] = output
+            attributes["output.mime_type"] = "text/plain"
+        if usage is not None:
+            attributes.update(_usage_attributes(usage))
+        _safe_set(span, attributes)
+
+    # ------------------------------------------------------------------ model calls
+    @contextmanager
+    def model_call(
+        self,
+        *,
+        model: str,
+        session_id: str,
+        agent: str,
+        attempt: int,
+        compacted: bool,
+        messages: tuple[Message, ...] | None = None,
+        system: Sequence[SystemBlock] | None = None,
+        purpose: str | None = None,
+    ) -> Iterator[Span]:
+        """``chat {model}``: the one inference span of one model call attempt.
+
+        The anthropic SDK's own spans are turned off (see ``AnthropicModel``), so this is the
+        only inference span. ``purpose`` marks calls that are not agent turns (``compaction``).
+        """
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": PROVIDER,
+            "gen_ai.request.model": model,
+            "gen_ai.conversation.id": session_id,
+            "gen_ai.agent.name": agent,
+            "openinference.span.kind": "LLM",
+            "session.id": session_id,
+            "llm.model_name": model,
+            "llm.provider": PROVIDER,
+            "llm.system": PROVIDER,
+            "anabranch.attempt": attempt,
+            "anabranch.call.purpose": purpose,
+        }
+        if compacted:
+            attributes["gen_ai.conversation.compacted"] = True
+        if self.capture_content and messages is not None:
+            attributes["gen_ai.input.messages"] = _semconv_messages(messages)
+            attributes["input.value"] = _json([m.model_dump(mode="json") for m in messages])
+            attributes["input.mime_type"] = "application/json"
+            if system:
+                attributes["gen_ai.system_instructions"] = _json(
+                    [{"type": "text", "content": b.text} for b in system]
+                )
+        with self._span(f"chat {model}", SpanKind.CLIENT, attributes) as span:
+            yield span
+
+    def model_response(
+        self,
+        span: Span,
+        *,
+        response_id: str,
+        response_model: str,
+        stop_reason: str | None,
+        usage: Usage,
+        output: Message | None = None,
+    ) -> None:
+        attributes: dict[str, Any] = {
+            "gen_ai.response.id": response_id,
+            "gen_ai.response.model": response_model,
+            "gen_ai.response.finish_reasons": [stop_reason or "unknown"],
+            **_usage_attributes(usage),
+        }
+        if self.capture_content and output is not None:
+            attributes["gen_ai.output.messages"] = _json(
+                [
+                    {
+                        "role": output.role,
+                        "parts": _parts(output),
+                        "finish_reason": stop_reason or "unknown",
+                    }
+                ]
+            )
+            attributes["output.value"] = _json(output.model_dump(mode="json"))
+            attributes["output.mime_type"] = "application/json"
+        _safe_set(span, attributes)
+
+    def model_error(self, span: Span, error: BaseException) -> None:
+        """Mark an inference span as failed (a retried attempt ends without raising)."""
+        _safe_set(span, {"error.type": type(error).__name__})
+        try:
+            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+        except Exception:  # pragma: no cover
+            _log.debug("could not set span status", exc_info=True)
+
+    def retry_scheduled(self, error: BaseException, delay: float, attempt: int) -> None:
+        """An ``anabranch.retry`` event on the current span: a failed attempt will be retried."""
+        self.event(
+            trace.get_current_span(),
+            "anabranch.retry",
+            {
+                "error.type": type(error).__name__,
+                "anabranch.retry.delay": delay,
+                "anabranch.attempt": attempt,
+            },
+        )
+
+    # ------------------------------------------------------------------ tools
+    @contextmanager
+    def tool_call(
+        self,
+        *,
+        tool: str,
+        call_id: str,
+        session_id: str,
+        description: str = "",
+        arguments: dict[str, Any] | None = None,
+    ) -> Iterator[Span]:
+        """``execute_tool {tool}``; a spawned agent's ``invoke_agent`` span nests under it."""
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool,
+            "gen_ai.tool.call.id": call_id,
+            "gen_ai.tool.type": "function",
+            "gen_ai.tool.description": description or None,
+            "gen_ai.conversation.id": session_id,
+            "openinference.span.kind": "TOOL",
+            "session.id": session_id,
+            "tool.name": tool,
+            "tool.id": call_id,
+        }
+        if self.capture_content and arguments is not None:
+            attributes["gen_ai.tool.call.arguments"] = _json(arguments)
+            attributes["input.value"] = _json(arguments)
+            attributes["input.mime_type"] = "application/json"
+        with self._span(f"execute_tool {tool}", SpanKind.INTERNAL, attributes) as span:
+            yield span
+
+    def tool_result(self, span: Span, content: str, is_error: bool) -> None:
+        attributes: dict[str, Any] = {"anabranch.tool.is_error": is_error}
+        if is_error:
+            attributes["error.type"] = "tool_error"
+            try:
+                span.set_status(Status(StatusCode.ERROR))
+            except Exception:  # pragma: no cover
+                _log.debug("could not set span status", exc_info=True)
+        if self.capture_content:
+            attributes["gen_ai.tool.call.result"] = content
+            attributes["output.value"] = content
+            attributes["output.mime_type"] = "text/plain"
+        _safe_set(span, attributes)
+
+    def cache_break(
+        self,
+        *,
+        cause: str,
+        expected_read: int,
+        actual_read: int,
+        idle_seconds: float,
+        span: Span | None = None,
+    ) -> None:
+        """A call read less prompt cache than the previous call of its run left.
+
+        Added as an event to ``span`` (default: the current span, the model call).
+        """
+        target = span if span is not None else trace.get_current_span()
+        self.event(
+            target,
+            "anabranch.cache_break",
+            {
+                "anabranch.cache.break.cause": cause,
+                "anabranch.cache.break.expected_read_tokens": expected_read,
+                "anabranch.cache.break.actual_read_tokens": actual_read,
+                "anabranch.cache.break.idle_seconds": round(idle_seconds, 3),
+            },
+        )
+        _safe_set(target, {"anabranch.cache.break.cause": cause})
+
+    # ------------------------------------------------------------------ compaction
+    @contextmanager
+    def compact_span(
+        self, *, agent: str, run_id: str, session_id: str, trigger: str, strategy: str
+    ) -> Iterator[Span]:
+        """``compact {agent}``: one compaction (the summarizer's model call nests inside).
+
+        A CHAIN span for Phoenix; ``compaction_result`` adds the sizes before/after, which
+        are shown as its input/output (numbers only, never message content).
+        """
+        attributes = {
+            "gen_ai.operation.name": "compact",
+            "gen_ai.provider.name": PROVIDER,
+            "gen_ai.agent.name": agent,
+            "gen_ai.agent.id": run_id,
+            "gen_ai.conversation.id": session_id,
+            "openinference.span.kind": "CHAIN",
+            "session.id": session_id,
+            "anabranch.compaction.trigger": trigger,
+            "anabranch.compaction.strategy": strategy,
+        }
+        with self._span(f"compact {agent}", SpanKind.INTERNAL, attributes) as span:
+            yield span
+
+    def compaction_result(
+        self,
+        span: Span,
+        *,
+        tokens_before: int,
+        tokens_after: int | None,
+        messages_before: int,
+        messages_after: int | None,
+        kept: int | None,
+        duration: float,
+        failure: str | None = None,
+        strategy: str | None = None,
+    ) -> None:
+        """Record a compaction's outcome; a failure also sets the span's error status."""
+        before = {"tokens": tokens_before, "messages": messages_before}
+        after: dict[str, Any] = {"tokens": tokens_after, "messages": messages_after, "kept": kept}
+        if failure is not None:
+            after["failure"] = failure
+        _safe_set(
+            span,
+            {
+                "anabranch.compaction.strategy": strategy,
+                "anabranch.compaction.tokens_before": tokens_before,
+                "anabranch.compaction.tokens_after": tokens_after,
+                "anabranch.compaction.messages_before": messages_before,
+                "anabranch.compaction.messages_after": messages_after,
+                "anabranch.compaction.kept": kept,
+                "anabranch.compaction.duration": duration,
+                "anabranch.compaction.failure": failure,
+                "error.type": "compaction_failed" if failure is not None else None,
+                "input.value": _json(before),
+                "input.mime_type": "application/json",
+                "output.value": _json(after),
+                "output.mime_type": "application/json",
+            },
+        )
+        if failure is not None:
+            try:
+                span.set_status(Status(StatusCode.ERROR, failure))
+            except Exception:  # pragma: no cover
+                _log.debug("could not set span status", exc_info=True)
+
+    # ------------------------------------------------------------------ misc
+    def event(self, span: Span, name: str, attributes: Mapping[str, Any]) -> None:
+        try:
+            span.add_event(name, {k: v for k, v in attributes.items() if v is not None})
+        except Exception:  # pragma: no cover
+            _log.debug("could not add span event", exc_info=True)
+
+
+def _usage_attributes(usage: Usage) -> dict[str, Any]:
+    """GenAI usage (input = uncached + cache read + cache write) and the OpenInference counts.
+
+    The cache-write count goes under its current name (``cache_write``) and its former one
+    (``cache_creation``), which Phoenix still reads.
+    """
+    total_input = usage.total_input_tokens
+    return {
+        "gen_ai.usage.input_tokens": total_input,
+        "gen_ai.usage.output_tokens": usage.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": usage.cache_read_input_tokens,
+        "gen_ai.usage.cache_write.input_tokens": usage.cache_creation_input_tokens,
+        "gen_ai.usage.cache_creation.input_tokens": usage.cache_creation_input_tokens,
+        "llm.token_count.prompt": total_input,
+        "llm.token_count.completion": usage.output_tokens,
+        "llm.token_count.total": total_input + usage.output_tokens,
+        "llm.token_count.prompt_details.cache_read": usage.cache_read_input_tokens,
+        "llm.token_count.prompt_details.cache_write": usage.cache_creation_input_tokens,
+    }
