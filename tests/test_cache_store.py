@@ -9,7 +9,7 @@ import pytest
 import sqlite_utils
 
 from anabranch.store import CallRecord, SQLiteStore
-from anabranch.store._schema import MIGRATIONS, SCHEMA_VERSION
+from anabranch.store.sqlite._schema import MIGRATIONS, SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
 

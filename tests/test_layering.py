@@ -36,7 +36,7 @@ def _imports(path: Path) -> set[str]:
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_packages_import_only_what_they_may(package: str) -> None:
     offenders = []
-    for path in sorted((SRC / package).glob("*.py")):
+    for path in sorted((SRC / package).rglob("*.py")):
         for name in _imports(path):
             parts = name.split(".")
             if parts[0] != "anabranch" or len(parts) < 2:

@@ -14,6 +14,7 @@ PUBLIC_MODULES = [
     "anabranch.models",
     "anabranch.runtime",
     "anabranch.store",
+    "anabranch.store.sqlite",
     "anabranch.testing",
     "anabranch.traces",
 ]

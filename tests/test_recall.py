@@ -17,7 +17,7 @@ from anabranch.runtime._builtins import ToolOutcome
 from anabranch.runtime._loop import AgentRun
 from anabranch.runtime._recall import RecallTool
 from anabranch.store import SQLiteStore
-from anabranch.store._schema import APP_ID, MIGRATIONS
+from anabranch.store.sqlite._schema import APP_ID, MIGRATIONS
 from anabranch.testing import FunctionModel
 
 from .compaction_helpers import Checked, huge, small_agent

@@ -23,7 +23,9 @@ from anabranch.errors import RateLimitedError as RateLimitedError
 from anabranch.errors import RunError as RunError
 from anabranch.errors import ServerError as ServerError
 from anabranch.errors import SessionBusyError as SessionBusyError
+from anabranch.errors import SessionError as SessionError
 from anabranch.errors import SessionNotFoundError as SessionNotFoundError
+from anabranch.errors import StoreError as StoreError
 from anabranch.errors import ToolDefinitionError as ToolDefinitionError
 from anabranch.errors import UserError as UserError
 from anabranch.messages import Block as Block
@@ -76,8 +78,10 @@ __all__ = [
     "Runtime",
     "ServerError",
     "SessionBusyError",
+    "SessionError",
     "SessionNotFoundError",
     "SpawnLimits",
+    "StoreError",
     "SystemBlock",
     "Task",
     "TaskResult",

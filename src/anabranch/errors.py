@@ -3,10 +3,13 @@
     AnabranchError
     ├── UserError                 a mistake in how the library is called
     │   ├── SessionNotFoundError  no session with that id in the store
-    │   ├── DatabaseError         the file is not an anabranch database, is newer, or is corrupt
-    │   ├── SessionBusyError      another live process holds the session's lease
-    │   │   └── LeaseLostError    it was taken over while this process was stalled
     │   └── ToolDefinitionError   a function cannot be turned into a tool
+    ├── StoreError                the store failed (I/O, disk full, a broken write); no raw
+    │   │                         driver error (``sqlite3.Error``, ...) escapes a store
+    │   └── DatabaseError         the file is not an anabranch database, is newer, or is corrupt
+    ├── SessionError              a session cannot be driven by this process now
+    │   ├── SessionBusyError      another live process holds the session's lease
+    │   └── LeaseLostError        it was taken over while this process was stalled
     ├── RunError                  a run could not finish
     │   ├── MaxTurnsExceeded
     │   └── CompactionFailedError the compaction circuit breaker tripped with policy "fail"
@@ -40,7 +43,9 @@ __all__ = [
     "RunError",
     "ServerError",
     "SessionBusyError",
+    "SessionError",
     "SessionNotFoundError",
+    "StoreError",
     "ToolDefinitionError",
     "UserError",
 ]
@@ -63,11 +68,21 @@ class SessionNotFoundError(UserError):
         self.session_id = session_id
 
 
-class DatabaseError(UserError):
+class StoreError(AnabranchError):
+    """A store operation failed. The store stays consistent: the failed write left nothing.
+
+    The driver's own exception (``sqlite3.Error``, ...) is the ``__cause__``."""
+
+
+class DatabaseError(StoreError):
     """The database file cannot be used (not anabranch's, newer schema, corrupt)."""
 
 
-class SessionBusyError(UserError):
+class SessionError(AnabranchError):
+    """A session cannot be driven by this process now (someone else drives it)."""
+
+
+class SessionBusyError(SessionError):
     def __init__(self, session_id: str, owner: str) -> None:
         super().__init__(
             f"session {session_id} is being driven by another live process ({owner}); "
@@ -77,12 +92,11 @@ class SessionBusyError(UserError):
         self.owner = owner
 
 
-class LeaseLostError(SessionBusyError):
+class LeaseLostError(SessionError):
     """This process stalled past its lease and another process took the session over."""
 
     def __init__(self, session_id: str, owner: str) -> None:
-        UserError.__init__(
-            self,
+        super().__init__(
             f"session {session_id} was taken over by another process while this one was "
             "stalled past its lease; this process stopped driving it",
         )

@@ -34,7 +34,7 @@ from anabranch.messages import Message, ModelRequest, ModelResponse, TextBlock, 
 from anabranch.models._anthropic import AnthropicModel
 from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
-from anabranch.store._sqlite import SQLiteStore
+from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.testing._models import is_summary_request
 from anabranch.testing._wire import sse_event, stream_events
 from tests.crash import scenario
@@ -111,14 +111,14 @@ def _install_commit_kill(spec: Spec) -> None:
     counter = _Counter(spec, "commit")
     if not counter.active:
         return
-    original = SQLiteStore._write
+    original = GroupCommitConnection.write
 
-    async def write(self: SQLiteStore, fn: Callable[[Any], T]) -> T:
+    async def write(self: GroupCommitConnection, fn: Callable[[Any], T]) -> T:
         result = await original(self, fn)
         counter.tick()
         return result
 
-    SQLiteStore._write = write  # type: ignore[method-assign]
+    GroupCommitConnection.write = write  # type: ignore[method-assign]
 
 
 class _DieMidStream(httpx2.AsyncByteStream):

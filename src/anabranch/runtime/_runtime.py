@@ -38,7 +38,7 @@ from anabranch.runtime._results import GraphResult, RunResult
 from anabranch.runtime._rewind import rewind_run
 from anabranch.runtime._spawn import SpawnLimits, SpawnTool
 from anabranch.store import BoundaryRecord, RunRecord, SessionRecord, SQLiteStore, Store
-from anabranch.store._sqlite import Synchronous
+from anabranch.store.sqlite import Synchronous
 from anabranch.traces import Tracing
 
 __all__ = ["Runtime", "default_builtins", "default_pipeline"]
@@ -72,6 +72,8 @@ class Runtime:
     Args:
         db: path of the SQLite file (created owner-only), default ``$ANABRANCH_DB`` or
             ``./anabranch.db``.
+        store: an open ``Store`` of any backend to use instead of opening ``db`` (the
+            caller keeps it: the runtime does not close it).
         model: the model client; default ``AnthropicModel()`` (``ANTHROPIC_API_KEY``,
             ``ANTHROPIC_BASE_URL``), created on first use.
         retry: retry policy for model calls.
@@ -88,6 +90,7 @@ class Runtime:
         self,
         db: str | os.PathLike[str] | None = None,
         *,
+        store: Store | None = None,
         model: Model | None = None,
         retry: RetryPolicy | None = None,
         tracer_provider: trace.TracerProvider | None = None,
@@ -111,6 +114,7 @@ class Runtime:
         self._agents: dict[str, Agent] = {a.name: a for a in agents}
         self.graphs: dict[str, Graph] = {g.name: g for g in graphs}
         self.spawn_limits = spawn_limits or SpawnLimits()
+        self._given_store = store
         self._store: Store | None = None
         self._owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._driving: set[str] = set()
@@ -124,14 +128,17 @@ class Runtime:
         await self.aclose()
 
     async def open(self, *, create: bool = True) -> None:
-        if self._store is None:
+        if self._store is None and self._given_store is not None:
+            self._store = self._given_store
+        elif self._store is None:
             self._store = await SQLiteStore.open(
                 self.db_path, create=create, synchronous=self.synchronous
             )
 
     async def aclose(self) -> None:
         if self._store is not None:
-            await self._store.close()
+            if self._store is not self._given_store:
+                await self._store.close()
             self._store = None
 
     @property

@@ -13,7 +13,7 @@ from anabranch.store._records import SessionRecord as SessionRecord
 from anabranch.store._records import SnapshotRecord as SnapshotRecord
 from anabranch.store._records import SpillRecord as SpillRecord
 from anabranch.store._records import ToolEventRecord as ToolEventRecord
-from anabranch.store._sqlite import SQLiteStore as SQLiteStore
+from anabranch.store.sqlite import SQLiteStore as SQLiteStore
 
 __all__ = [
     "BoundaryRecord",

@@ -1,8 +1,11 @@
 """``Store``: what the runtime needs of a durable store, whatever the backend.
 
 A backend keeps append-only history tables and commits every write atomically (a write
-returns only once it is durable). The runtime depends on this protocol, never on a backend
-class; the conformance suite in ``tests/store_conformance`` is what every backend must pass.
+returns only once it is durable). Every failure of the backend itself surfaces as
+``anabranch.errors.StoreError`` (``DatabaseError`` when opening), never as the driver's own
+exception; a failed write leaves nothing. The runtime depends on this protocol, never on a
+backend class; the conformance suite in ``tests/store_conformance`` is what every backend
+must pass (its package docstring says how to add a backend to it).
 """
 
 from __future__ import annotations

@@ -1,0 +1,423 @@
+"""The history half of the SQLite store: messages, calls, tool events, snapshots,
+boundaries, spills and full-text search (``SQLiteStore`` adds sessions, leases, runs)."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any, Literal
+
+from anabranch.store._records import (
+    BoundaryRecord,
+    CallRecord,
+    HistoryHit,
+    MessageRecord,
+    SnapshotRecord,
+    SpillRecord,
+    ToolEventRecord,
+)
+from anabranch.store.sqlite._group_commit import GroupCommitConnection
+from anabranch.store.sqlite._rows import (
+    CALL_SQL,
+    fetch_rows,
+    insert,
+    message_row,
+    snapshot_row,
+    tool_event_row,
+)
+
+__all__ = ["SQLiteHistory"]
+
+
+class SQLiteHistory:
+    """Queries over a run's history on one group-committed SQLite connection."""
+
+    def __init__(self, sql: GroupCommitConnection) -> None:
+        self._sql = sql
+
+    # ----------------------------------------------------------------- messages & calls
+    async def append_messages(self, messages: Sequence[MessageRecord]) -> None:
+        """Commit messages in one transaction."""
+        values = [message_row(m) for m in messages]
+
+        def write(conn: sqlite3.Connection) -> None:
+            for value in values:
+                insert(conn, "messages", value)
+
+        if values:
+            await self._sql.write(write)
+
+    async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
+        """Commit pending messages and the call row together, before the request is sent."""
+        values = [message_row(m) for m in messages]
+        call_values = {
+            "run_id": call.run_id,
+            "turn": call.turn,
+            "attempt": call.attempt,
+            "fingerprint": call.fingerprint,
+            "message_count": call.message_count,
+            "created": call.created,
+            "snapshot_version": call.snapshot_version,
+            "compactions": call.compactions,
+        }
+
+        def write(conn: sqlite3.Connection) -> int:
+            for value in values:
+                insert(conn, "messages", value)
+            return insert(conn, "calls", call_values)
+
+        return await self._sql.write(write)
+
+    async def finish_call(
+        self,
+        call_id: int,
+        *,
+        status: Literal["ok", "error", "interrupted"],
+        message: MessageRecord | None = None,
+        error_type: str | None = None,
+        error: str | None = None,
+        response_id: str | None = None,
+        model: str | None = None,
+        stop_reason: str | None = None,
+        usage: str | None = None,
+        tool_events: Sequence[ToolEventRecord] = (),
+    ) -> None:
+        """Commit the call's outcome (and the assistant message, and the ``started`` events
+        of the tool calls it asks for) in one transaction."""
+        message_values = message_row(message) if message else None
+        events = [tool_event_row(e) for e in tool_events]
+        outcome = {
+            "call_id": call_id,
+            "status": status,
+            "error_type": error_type,
+            "error": error,
+            "response_id": response_id,
+            "model": model,
+            "stop_reason": stop_reason,
+            "usage": usage,
+            "message_seq": message.seq if message else None,
+            "created": time.time(),
+        }
+
+        def write(conn: sqlite3.Connection) -> None:
+            if message_values:
+                insert(conn, "messages", message_values)
+            insert(conn, "call_outcomes", outcome)
+            for event in events:
+                insert(conn, "tool_events", event)
+
+        await self._sql.write(write)
+
+    async def close_interrupted_calls(self, run_id: str) -> list[CallRecord]:
+        """Record an ``interrupted`` outcome for every call of the run still in flight.
+
+        Only the lease holder calls this on resume: no other process can have a call of
+        this run in flight, so these are calls a crash cut off. Returns them.
+        """
+
+        def write(conn: sqlite3.Connection) -> list[CallRecord]:
+            rows = fetch_rows(
+                conn,
+                CALL_SQL + " WHERE c.run_id = ? AND o.id IS NULL ORDER BY c.id",
+                (run_id,),
+            )
+            now = time.time()
+            for row in rows:
+                insert(
+                    conn,
+                    "call_outcomes",
+                    {
+                        "call_id": row["id"],
+                        "status": "interrupted",
+                        "error": "the process stopped before the response was committed",
+                        "created": now,
+                    },
+                )
+            return [CallRecord(**row) for row in rows]
+
+        return await self._sql.write(write)
+
+    async def load_messages(
+        self, run_id: str, *, from_seq: int = 0, to_seq: int | None = None
+    ) -> list[MessageRecord]:
+        sql = "SELECT * FROM messages WHERE run_id = ? AND seq >= ?"
+        params: list[Any] = [run_id, from_seq]
+        if to_seq is not None:
+            sql += " AND seq <= ?"
+            params.append(to_seq)
+        rows = await self._sql.read(lambda conn: fetch_rows(conn, sql + " ORDER BY seq", params))
+        return [MessageRecord(**row) for row in rows]
+
+    async def next_seq(self, run_id: str) -> int:
+        row = await self._sql.lookup(
+            lambda conn: conn.execute(
+                "SELECT COALESCE(MAX(seq), -1) FROM messages WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        )
+        return int(row[0]) + 1
+
+    async def list_calls(self, run_id: str) -> list[CallRecord]:
+        rows = await self._sql.read(
+            lambda conn: fetch_rows(conn, CALL_SQL + " WHERE c.run_id = ? ORDER BY c.id", (run_id,))
+        )
+        return [CallRecord(**row) for row in rows]
+
+    async def recent_ok_calls(self, run_id: str, *, up_to: int, limit: int = 2) -> list[CallRecord]:
+        """The run's last ``limit`` successful calls with id <= ``up_to``, newest first.
+
+        A run's calls are numbered by turn in id order (a retry keeps its turn), so walking
+        the (run_id, turn) index backwards is id order: no sort of the run's whole history.
+        """
+        rows = await self._sql.lookup(
+            lambda conn: fetch_rows(
+                conn,
+                CALL_SQL + " WHERE c.run_id = ? AND c.id <= ? AND o.status = 'ok'"
+                " ORDER BY c.turn DESC, c.id DESC LIMIT ?",
+                (run_id, up_to, limit),
+            )
+        )
+        return [CallRecord(**row) for row in rows]
+
+    async def last_call(self, run_id: str, *, ok: bool = False) -> CallRecord | None:
+        """The run's latest call (with ``ok``: latest successful one), read from the end of
+        the (run_id, turn) index: a run's calls are numbered by turn in id order."""
+        status = " AND o.status = 'ok'" if ok else ""
+        rows = await self._sql.lookup(
+            lambda conn: fetch_rows(
+                conn,
+                CALL_SQL + f" WHERE c.run_id = ?{status} ORDER BY c.turn DESC, c.id DESC LIMIT 1",
+                (run_id,),
+            )
+        )
+        return CallRecord(**rows[0]) if rows else None
+
+    async def count_calls(self, run_id: str, status: str = "ok") -> int:
+        """How many of the run's call attempts ended with ``status`` (no rows loaded)."""
+        row = await self._sql.lookup(
+            lambda conn: conn.execute(
+                "SELECT COUNT(*) FROM calls c JOIN call_outcomes o ON o.call_id = c.id "
+                "WHERE c.run_id = ? AND o.status = ?",
+                (run_id, status),
+            ).fetchone()
+        )
+        return int(row[0])
+
+    async def last_ok_turn(self, run_id: str) -> int:
+        """The turn of the run's latest successful call (0 if none). A run's successful calls
+        are turns 1..n, so this is their count, read from the end of the (run_id, turn)
+        index instead of counting the whole history."""
+        row = await self._sql.lookup(
+            lambda conn: conn.execute(
+                "SELECT c.turn FROM calls c JOIN call_outcomes o ON o.call_id = c.id "
+                "WHERE c.run_id = ? AND o.status = 'ok' ORDER BY c.turn DESC, c.id DESC LIMIT 1",
+                (run_id,),
+            ).fetchone()
+        )
+        return int(row[0]) if row else 0
+
+    async def sum_call_usage(
+        self, session_id: str, keys: Sequence[str], *, run_id: str | None = None
+    ) -> dict[str, int]:
+        """Sums of integer ``keys`` of the usage JSON of the session's (or run's) successful
+        calls, computed in SQL: a long session's usage costs no rows in Python."""
+        for key in keys:
+            if not key.isidentifier():
+                raise ValueError(f"not a usage key: {key!r}")
+        sums = ", ".join(f"COALESCE(SUM(json_extract(o.usage, '$.{key}')), 0)" for key in keys)
+        sql = (
+            f"SELECT {sums} FROM calls c JOIN call_outcomes o ON o.call_id = c.id "
+            "WHERE o.status = 'ok' AND o.usage IS NOT NULL AND "
+        )
+        if run_id is not None:
+            sql += "c.run_id = ?"
+            params: tuple[str, ...] = (run_id,)
+        else:
+            sql += "c.run_id IN (SELECT id FROM runs WHERE session_id = ?)"
+            params = (session_id,)
+        row = await self._sql.read(lambda conn: conn.execute(sql, params).fetchone())
+        return {key: int(value) for key, value in zip(keys, row, strict=True)}
+
+    async def session_calls(self, session_id: str) -> list[CallRecord]:
+        rows = await self._sql.read(
+            lambda conn: fetch_rows(
+                conn,
+                CALL_SQL
+                + " WHERE c.run_id IN (SELECT id FROM runs WHERE session_id = ?) ORDER BY c.id",
+                (session_id,),
+            )
+        )
+        return [CallRecord(**row) for row in rows]
+
+    # ----------------------------------------------------------------- tools
+    async def record_tool_event(self, event: ToolEventRecord) -> None:
+        values = tool_event_row(event)
+        await self._sql.write(lambda conn: insert(conn, "tool_events", values))
+
+    async def tool_events(self, run_id: str, call_ids: Sequence[str]) -> list[ToolEventRecord]:
+        if not call_ids:
+            return []
+        marks = ", ".join("?" for _ in call_ids)
+        rows = await self._sql.lookup(
+            lambda conn: fetch_rows(
+                conn,
+                f"SELECT * FROM tool_events WHERE run_id = ? AND call_id IN ({marks}) ORDER BY id",
+                (run_id, *call_ids),
+            )
+        )
+        return [ToolEventRecord(**{**row, "is_error": bool(row["is_error"])}) for row in rows]
+
+    # ----------------------------------------------------------------- snapshots
+    async def save_snapshot(self, snapshot: SnapshotRecord) -> None:
+        values = snapshot_row(snapshot)
+        await self._sql.write(lambda conn: insert(conn, "snapshots", values))
+
+    async def latest_snapshot(self, run_id: str) -> SnapshotRecord | None:
+        rows = await self._sql.lookup(
+            lambda conn: fetch_rows(
+                conn,
+                "SELECT * FROM snapshots WHERE run_id = ? ORDER BY version DESC LIMIT 1",
+                (run_id,),
+            )
+        )
+        return SnapshotRecord(**rows[0]) if rows else None
+
+    async def get_snapshot(self, run_id: str, version: int) -> SnapshotRecord | None:
+        rows = await self._sql.read(
+            lambda conn: fetch_rows(
+                conn,
+                "SELECT * FROM snapshots WHERE run_id = ? AND version = ?",
+                (run_id, version),
+            )
+        )
+        return SnapshotRecord(**rows[0]) if rows else None
+
+    async def list_snapshots(self, run_id: str) -> list[SnapshotRecord]:
+        """Every snapshot of a run, oldest first."""
+        rows = await self._sql.read(
+            lambda conn: fetch_rows(
+                conn, "SELECT * FROM snapshots WHERE run_id = ? ORDER BY version", (run_id,)
+            )
+        )
+        return [SnapshotRecord(**row) for row in rows]
+
+    # ----------------------------------------------------------------- boundaries
+    async def add_boundary(
+        self, boundary: BoundaryRecord, messages: Sequence[MessageRecord] = ()
+    ) -> int:
+        """Commit a boundary (and any messages that belong with it) atomically."""
+        values = {f.name: getattr(boundary, f.name) for f in fields(boundary)}
+        values.pop("id")
+        values.pop("details")
+        message_values = [message_row(m) for m in messages]
+
+        def write(conn: sqlite3.Connection) -> int:
+            for value in message_values:
+                insert(conn, "messages", value)
+            return insert(conn, "boundaries", values)
+
+        return await self._sql.write(write)
+
+    async def list_boundaries(
+        self, *, run_id: str | None = None, session_id: str | None = None
+    ) -> list[BoundaryRecord]:
+        if run_id is not None:
+            sql, params = "SELECT * FROM boundaries WHERE run_id = ? ORDER BY id", (run_id,)
+        else:
+            sql = (
+                "SELECT * FROM boundaries WHERE run_id IN "
+                "(SELECT id FROM runs WHERE session_id = ?) ORDER BY id"
+            )
+            params = (session_id or "",)
+        rows = await self._sql.read(lambda conn: fetch_rows(conn, sql, params))
+        return [BoundaryRecord(**row) for row in rows]
+
+    async def get_boundary(self, boundary_id: int) -> BoundaryRecord | None:
+        rows = await self._sql.read(
+            lambda conn: fetch_rows(conn, "SELECT * FROM boundaries WHERE id = ?", (boundary_id,))
+        )
+        return BoundaryRecord(**rows[0]) if rows else None
+
+    async def count_boundaries(self, run_id: str, status: str = "ok") -> int:
+        row = await self._sql.lookup(
+            lambda conn: conn.execute(
+                "SELECT COUNT(*) FROM boundaries WHERE run_id = ? AND status = ?",
+                (run_id, status),
+            ).fetchone()
+        )
+        return int(row[0])
+
+    async def latest_boundary(self, run_id: str) -> BoundaryRecord | None:
+        rows = await self._sql.lookup(
+            lambda conn: fetch_rows(
+                conn,
+                "SELECT * FROM boundaries WHERE run_id = ? AND status = 'ok' "
+                "ORDER BY id DESC LIMIT 1",
+                (run_id,),
+            )
+        )
+        return BoundaryRecord(**rows[0]) if rows else None
+
+    # ----------------------------------------------------------------- spills
+    async def save_spill(self, handle: str, run_id: str, call_id: str, content: str) -> None:
+        values = {
+            "handle": handle,
+            "run_id": run_id,
+            "call_id": call_id,
+            "content": content,
+            "created": time.time(),
+        }
+        await self._sql.write(
+            lambda conn: conn.execute(
+                "INSERT OR IGNORE INTO spills(handle, run_id, call_id, content, created) "
+                "VALUES (:handle, :run_id, :call_id, :content, :created)",
+                values,
+            )
+        )
+
+    async def get_spill(self, handle: str) -> str | None:
+        rows = await self._sql.read(
+            lambda conn: conn.execute(
+                "SELECT content FROM spills WHERE handle = ?", (handle,)
+            ).fetchall()
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def get_spill_record(self, handle: str) -> SpillRecord | None:
+        """The spill behind ``handle`` with the run that saved it."""
+        rows = await self._sql.read(
+            lambda conn: fetch_rows(conn, "SELECT * FROM spills WHERE handle = ?", (handle,))
+        )
+        return SpillRecord(**rows[0]) if rows else None
+
+    # ----------------------------------------------------------------- history search
+    async def search_history(self, run_id: str, text: str, limit: int = 5) -> list[HistoryHit]:
+        """Full-text matches of ``text``'s words in one run's original messages and spills.
+
+        Every word must match; if nothing does, any word may. Best matches first.
+        """
+        words = re.findall(r"\w+", text)
+        if not words:
+            return []
+        quoted = ['"' + w.replace('"', '""') + '"' for w in words]
+        sql = (
+            " UNION ALL ".join(
+                f"SELECT source, ref, snippet({table}, 0, '[', ']', '…', 16) AS snippet, "
+                f"rank FROM {table} WHERE {table} MATCH ? AND run_id = ?"
+                for table in ("history_fts", "history_spill_fts")
+            )
+            + " ORDER BY rank LIMIT ?"
+        )
+
+        def search(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            match = " ".join(quoted)
+            rows = fetch_rows(conn, sql, (match, run_id, match, run_id, limit))
+            if not rows and len(quoted) > 1:
+                match = " OR ".join(quoted)
+                rows = fetch_rows(conn, sql, (match, run_id, match, run_id, limit))
+            return rows
+
+        rows = await self._sql.read(search)
+        return [HistoryHit(row["source"], str(row["ref"]), row["snippet"]) for row in rows]

@@ -1,0 +1,98 @@
+"""Row helpers of the SQLite store: records to column values, and the joined read queries."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from anabranch.store._records import MessageRecord, SnapshotRecord, ToolEventRecord
+
+__all__ = [
+    "CALL_SQL",
+    "RUN_SQL",
+    "SESSION_SQL",
+    "fetch_rows",
+    "insert",
+    "message_row",
+    "snapshot_row",
+    "tool_event_row",
+]
+
+SESSION_SQL = """
+    SELECT s.*, e.status AS status, e.output AS output, e.error AS error,
+           CASE WHEN e.status = 'running' THEN NULL ELSE e.created END AS finished
+    FROM sessions s
+    JOIN session_events e ON e.id = (
+        SELECT MAX(id) FROM session_events WHERE session_id = s.id)
+"""
+"""A session with its status: the latest of its ``session_events``."""
+
+RUN_SQL = """
+    SELECT r.*, COALESCE(e.status, 'running') AS status, e.output AS output,
+           e.error AS error, e.finished AS finished
+    FROM runs r LEFT JOIN run_ends e ON e.run_id = r.id
+"""
+"""A run with its end, if it has one."""
+
+CALL_SQL = """
+    SELECT c.*, o.status AS status, o.error_type AS error_type, o.error AS error,
+           o.response_id AS response_id, o.model AS model, o.stop_reason AS stop_reason,
+           o.usage AS usage, o.message_seq AS message_seq, o.created AS finished
+    FROM calls c LEFT JOIN call_outcomes o ON o.call_id = c.id
+"""
+"""A call attempt with its outcome, if it has one."""
+
+
+def insert(conn: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
+    """Insert one row; its rowid."""
+    columns = ", ".join(values)
+    marks = ", ".join("?" for _ in values)
+    cursor = conn.execute(
+        f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(values.values())
+    )
+    return int(cursor.lastrowid or 0)
+
+
+def fetch_rows(
+    conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()
+) -> list[dict[str, Any]]:
+    """The rows of a query as column-name dicts."""
+    cursor = conn.execute(sql, tuple(params))
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def message_row(message: MessageRecord) -> dict[str, Any]:
+    return {
+        "run_id": message.run_id,
+        "seq": message.seq,
+        "role": message.role,
+        "content": message.content,
+        "kind": message.kind,
+        "created": message.created or time.time(),
+    }
+
+
+def tool_event_row(event: ToolEventRecord) -> dict[str, Any]:
+    return {
+        "run_id": event.run_id,
+        "call_id": event.call_id,
+        "name": event.name,
+        "event": event.event,
+        "content": event.content,
+        "is_error": int(event.is_error),
+        "created": event.created,
+    }
+
+
+def snapshot_row(snapshot: SnapshotRecord) -> dict[str, Any]:
+    return {
+        "run_id": snapshot.run_id,
+        "version": snapshot.version,
+        "reason": snapshot.reason,
+        "system": snapshot.system,
+        "tools": snapshot.tools,
+        "created": snapshot.created,
+    }

@@ -1,0 +1,322 @@
+"""``SQLiteStore``: the write-ahead ``Store`` on one SQLite file.
+
+The queries of sessions, leases, runs, cache breaks and spans are here; those of a run's
+history in ``_history``. Every statement goes through ``GroupCommitConnection`` (atomic,
+durable on return, group-committed, cancellation-safe, no raw ``sqlite3`` error escapes).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from anabranch._process import pid_alive
+from anabranch.errors import SessionBusyError
+from anabranch.store._records import (
+    MessageRecord,
+    RunRecord,
+    RunStatus,
+    SessionRecord,
+    SnapshotRecord,
+)
+from anabranch.store.sqlite._group_commit import GroupCommitConnection
+from anabranch.store.sqlite._history import SQLiteHistory
+from anabranch.store.sqlite._open import Synchronous, open_connection
+from anabranch.store.sqlite._rows import (
+    RUN_SQL,
+    SESSION_SQL,
+    fetch_rows,
+    insert,
+    message_row,
+    snapshot_row,
+)
+
+__all__ = ["SQLiteStore", "Synchronous"]
+
+
+class SQLiteStore(SQLiteHistory):
+    """Async store over one SQLite file. Open with ``await SQLiteStore.open(path)``."""
+
+    def __init__(self, path: Path, sql: GroupCommitConnection) -> None:
+        super().__init__(sql)
+        self.path = path
+
+    @classmethod
+    async def open(
+        cls, path: str | os.PathLike[str], *, create: bool = True, synchronous: Synchronous = "FULL"
+    ) -> SQLiteStore:
+        """Open (and with ``create``, create or migrate) an anabranch database.
+
+        Raises:
+            DatabaseError: no file (and ``create`` is false), not an anabranch database,
+                a newer schema, or a corrupt file. Nothing is written in those cases.
+        """
+        limiter = anyio.CapacityLimiter(1)
+        db_path = Path(os.fspath(path))
+        conn = await anyio.to_thread.run_sync(
+            open_connection, db_path, create, synchronous, limiter=limiter
+        )
+        return cls(db_path, GroupCommitConnection(conn, limiter))
+
+    async def close(self) -> None:
+        await self._sql.close()
+
+    async def __aenter__(self) -> SQLiteStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ----------------------------------------------------------------- sessions
+    async def create_session(self, session: SessionRecord) -> None:
+        values = {
+            "id": session.id,
+            "created": session.created,
+            "kind": session.kind,
+            "entry": session.entry,
+            "task": session.task,
+            "source": session.source,
+            "definition": session.definition,
+        }
+
+        def write(conn: sqlite3.Connection) -> None:
+            insert(conn, "sessions", values)
+            insert(
+                conn,
+                "session_events",
+                {"session_id": session.id, "status": "running", "created": session.created},
+            )
+
+        await self._sql.write(write)
+
+    async def set_session_status(
+        self,
+        session_id: str,
+        status: RunStatus,
+        *,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        values = {
+            "session_id": session_id,
+            "status": status,
+            "output": output,
+            "error": error,
+            "created": time.time(),
+        }
+        await self._sql.write(lambda conn: insert(conn, "session_events", values))
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        rows = await self._sql.lookup(
+            lambda conn: fetch_rows(conn, SESSION_SQL + " WHERE s.id = ?", (session_id,))
+        )
+        return SessionRecord(**rows[0]) if rows else None
+
+    async def list_sessions(self, limit: int = 100) -> list[SessionRecord]:
+        rows = await self._sql.read(
+            lambda conn: fetch_rows(
+                conn, SESSION_SQL + " ORDER BY s.created DESC LIMIT ?", (limit,)
+            )
+        )
+        return [SessionRecord(**row) for row in rows]
+
+    # ----------------------------------------------------------------- leases
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
+        """Take the session's lease, or raise ``SessionBusyError`` if a live owner has it."""
+        host, pid = socket.gethostname(), os.getpid()
+
+        def write(conn: sqlite3.Connection) -> None:
+            row = conn.execute(
+                "SELECT owner, host, pid, expires FROM leases WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+            now = time.time()
+            if row is not None and row[0] != owner:
+                held_owner, held_host, held_pid, expires = row
+                dead = held_host == host and held_pid != pid and not pid_alive(held_pid)
+                if expires > now and not dead:
+                    raise SessionBusyError(session_id, f"{held_owner} on {held_host}")
+            conn.execute(
+                "INSERT OR REPLACE INTO leases(session_id, owner, host, pid, expires) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (session_id, owner, host, pid, now + ttl),
+            )
+
+        await self._sql.write(write)
+
+    async def renew_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Extend the lease; False if ``owner`` no longer holds it (another process took
+        it over after it expired)."""
+
+        def write(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "UPDATE leases SET expires = ? WHERE session_id = ? AND owner = ?",
+                (time.time() + ttl, session_id, owner),
+            )
+            return cursor.rowcount > 0
+
+        return await self._sql.write(write)
+
+    async def release_lease(self, session_id: str, owner: str) -> None:
+        await self._sql.write(
+            lambda conn: conn.execute(
+                "DELETE FROM leases WHERE session_id = ? AND owner = ?", (session_id, owner)
+            )
+        )
+
+    async def lease_holder(self, session_id: str) -> str | None:
+        """The live owner of the session's lease, if any."""
+        rows = await self._sql.lookup(
+            lambda conn: conn.execute(
+                "SELECT owner, host, pid, expires FROM leases WHERE session_id = ?",
+                (session_id,),
+            ).fetchall()
+        )
+        if not rows:
+            return None
+        owner, host, pid, expires = rows[0]
+        if expires <= time.time():
+            return None
+        if host == socket.gethostname() and not pid_alive(pid):
+            return None
+        return str(owner)
+
+    # ----------------------------------------------------------------- runs
+    async def create_run(
+        self,
+        run: RunRecord,
+        *,
+        snapshot: SnapshotRecord | None = None,
+        messages: Sequence[MessageRecord] = (),
+    ) -> None:
+        """Commit a new run with its first prompt snapshot and messages in one transaction,
+        so a crash never leaves a run without its task."""
+        values = {
+            "id": run.id,
+            "session_id": run.session_id,
+            "parent_run_id": run.parent_run_id,
+            "parent_call_id": run.parent_call_id,
+            "task_id": run.task_id,
+            "agent_name": run.agent_name,
+            "model": run.model,
+            "depth": run.depth,
+            "mode": run.mode,
+            "created": run.created,
+        }
+        snapshot_values = snapshot_row(snapshot) if snapshot else None
+        message_values = [message_row(m) for m in messages]
+
+        def write(conn: sqlite3.Connection) -> None:
+            insert(conn, "runs", values)
+            if snapshot_values:
+                insert(conn, "snapshots", snapshot_values)
+            for value in message_values:
+                insert(conn, "messages", value)
+
+        await self._sql.write(write)
+
+    async def finish_run(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        values = {
+            "run_id": run_id,
+            "status": status,
+            "output": output,
+            "error": error,
+            "finished": time.time(),
+        }
+        await self._sql.write(lambda conn: insert(conn, "run_ends", values))
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        rows = await self._sql.lookup(
+            lambda conn: fetch_rows(conn, RUN_SQL + " WHERE r.id = ?", (run_id,))
+        )
+        return RunRecord(**rows[0]) if rows else None
+
+    async def list_runs(self, session_id: str) -> list[RunRecord]:
+        rows = await self._sql.read(
+            lambda conn: fetch_rows(
+                conn,
+                RUN_SQL + " WHERE r.session_id = ? ORDER BY r.created, r.rowid",
+                (session_id,),
+            )
+        )
+        return [RunRecord(**row) for row in rows]
+
+    async def find_child_run(self, parent_run_id: str, parent_call_id: str) -> RunRecord | None:
+        rows = await self._sql.read(
+            lambda conn: fetch_rows(
+                conn,
+                RUN_SQL + " WHERE r.parent_run_id = ? AND r.parent_call_id = ?",
+                (parent_run_id, parent_call_id),
+            )
+        )
+        return RunRecord(**rows[0]) if rows else None
+
+    # ----------------------------------------------------------------- cache breaks
+    async def add_cache_break(
+        self, run_id: str, call_id: int, cause: str, expected_read: int, actual_read: int
+    ) -> None:
+        values = {
+            "run_id": run_id,
+            "call_id": call_id,
+            "cause": cause,
+            "expected_read": expected_read,
+            "actual_read": actual_read,
+            "created": time.time(),
+        }
+        await self._sql.write(lambda conn: insert(conn, "cache_breaks", values))
+
+    async def list_cache_breaks(self, session_id: str) -> list[dict[str, Any]]:
+        return await self._sql.read(
+            lambda conn: fetch_rows(
+                conn,
+                "SELECT * FROM cache_breaks WHERE run_id IN "
+                "(SELECT id FROM runs WHERE session_id = ?) ORDER BY id",
+                (session_id,),
+            )
+        )
+
+    # ----------------------------------------------------------------- trace spans
+    async def add_run_span(self, session_id: str, run_id: str, trace_id: str, span_id: str) -> None:
+        """Remember the (hex) trace and span id of one drive of a run (for a graph's own
+        span, ``run_id`` is the session id)."""
+        values = {
+            "session_id": session_id,
+            "run_id": run_id,
+            "trace_id": trace_id,
+            "span_id": span_id,
+            "created": time.time(),
+        }
+        await self._sql.write(lambda conn: insert(conn, "run_spans", values))
+
+    async def run_spans(self, run_id: str, limit: int | None = None) -> list[tuple[str, str]]:
+        """``(trace_id, span_id)`` of the earlier drives of a run (the latest ``limit`` of
+        them, if given), oldest first."""
+        sql = "SELECT trace_id, span_id FROM run_spans WHERE run_id = ? ORDER BY id DESC"
+        params: tuple[Any, ...] = (run_id,)
+        if limit is not None:
+            sql += " LIMIT ?"
+            params = (run_id, limit)
+        rows = await self._sql.lookup(lambda conn: conn.execute(sql, params).fetchall())
+        return [(str(t), str(s)) for t, s in reversed(rows)]
+
+    # ----------------------------------------------------------------- generic read
+    async def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Read-only SQL for reports and tools (``SELECT`` only)."""
+        if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
+            raise ValueError("query() runs SELECT statements only")
+        return await self._sql.read(lambda conn: fetch_rows(conn, sql, params))

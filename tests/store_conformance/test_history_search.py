@@ -1,0 +1,66 @@
+"""Full-text search over one run's history: original messages and spilled outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from anabranch.store import MessageRecord, Store
+from tests.store_conformance.conftest import add_run, add_session
+
+pytestmark = pytest.mark.anyio
+
+
+def _text(run_id: str, seq: int, text: str, kind: str = "message") -> MessageRecord:
+    content = json.dumps([{"type": "text", "text": text}])
+    return MessageRecord(run_id=run_id, seq=seq, role="user", content=content, kind=kind)
+
+
+async def _history(store: Store) -> None:
+    await add_session(store)
+    await add_run(store, "run_1")
+    await add_run(store, "run_2")
+    await store.append_messages(
+        [
+            _text("run_1", 0, "the quarterly revenue of the walrus company"),
+            _text("run_1", 1, "walrus tusks are long"),
+            _text("run_1", 2, "a stub that only a compacted context refers to", kind="context"),
+        ]
+    )
+    await store.append_messages([_text("run_2", 0, "quarterly revenue elsewhere")])
+    await store.save_spill("spill_1", "run_1", "toolu_1", "a huge tool output about zebras")
+
+
+async def test_every_word_must_match_first(store: Store) -> None:
+    await _history(store)
+    hits = await store.search_history("run_1", "walrus revenue")
+    assert [(h.source, h.ref) for h in hits] == [("message", "0")]
+    assert "[" in hits[0].snippet and "]" in hits[0].snippet  # the match is marked
+
+
+async def test_any_word_when_no_message_has_all(store: Store) -> None:
+    await _history(store)
+    hits = await store.search_history("run_1", "walrus zebras")
+    assert {(h.source, h.ref) for h in hits} == {
+        ("message", "0"),
+        ("message", "1"),
+        ("spill", "spill_1"),
+    }
+    assert len(await store.search_history("run_1", "walrus zebras", limit=1)) == 1
+
+
+async def test_search_stays_in_its_run_and_skips_derived_messages(store: Store) -> None:
+    await _history(store)
+    assert [h.ref for h in await store.search_history("run_2", "quarterly")] == ["0"]
+    assert await store.search_history("run_1", "compacted stub") == []
+    assert await store.search_history("run_1", "zebras") != []
+    assert await store.search_history("run_2", "zebras") == []
+
+
+async def test_hostile_queries_are_words_not_syntax(store: Store) -> None:
+    await _history(store)
+    assert await store.search_history("run_1", "") == []
+    assert await store.search_history("run_1", '"*') == []  # no word in it
+    hits = await store.search_history("run_1", 'tusks" OR NEAR(x) AND -')
+    assert [h.ref for h in hits] == ["1"]

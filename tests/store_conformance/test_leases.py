@@ -1,0 +1,50 @@
+"""Leases: one live owner drives a session at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from anabranch.errors import SessionBusyError
+from anabranch.store import Store
+from tests.store_conformance.conftest import Backend, add_session
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_one_live_owner_at_a_time(store: Store) -> None:
+    await add_session(store)
+    assert await store.lease_holder("ses_1") is None
+    await store.acquire_lease("ses_1", "owner-a", ttl=60)
+    await store.acquire_lease("ses_1", "owner-a", ttl=60)  # the holder may take it again
+    assert await store.lease_holder("ses_1") == "owner-a"
+    with pytest.raises(SessionBusyError) as caught:
+        await store.acquire_lease("ses_1", "owner-b", ttl=60)
+    assert caught.value.session_id == "ses_1"
+    assert await store.renew_lease("ses_1", "owner-a", ttl=60) is True
+    assert await store.renew_lease("ses_1", "owner-b", ttl=60) is False
+    await store.release_lease("ses_1", "owner-b")  # not the holder: nothing happens
+    assert await store.lease_holder("ses_1") == "owner-a"
+    await store.release_lease("ses_1", "owner-a")
+    assert await store.lease_holder("ses_1") is None
+    await store.acquire_lease("ses_1", "owner-b", ttl=60)
+    assert await store.lease_holder("ses_1") == "owner-b"
+
+
+async def test_an_expired_lease_is_taken_over(backend: Backend) -> None:
+    stalled, other = await backend.open(), await backend.open()
+    await add_session(stalled)
+    await stalled.acquire_lease("ses_1", "owner-a", ttl=-1.0)  # already expired
+    assert await other.lease_holder("ses_1") is None
+    await other.acquire_lease("ses_1", "owner-b", ttl=60)
+    # the stalled owner finds out when it next renews
+    assert await stalled.renew_lease("ses_1", "owner-a", ttl=60) is False
+    assert await stalled.lease_holder("ses_1") == "owner-b"
+
+
+async def test_leases_are_per_session(store: Store) -> None:
+    await add_session(store, "ses_1")
+    await add_session(store, "ses_2")
+    await store.acquire_lease("ses_1", "owner-a", ttl=60)
+    await store.acquire_lease("ses_2", "owner-b", ttl=60)
+    assert await store.lease_holder("ses_1") == "owner-a"
+    assert await store.lease_holder("ses_2") == "owner-b"

@@ -1,0 +1,48 @@
+"""Opening a database: created at the current schema, migrated forward, or refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from anabranch.errors import DatabaseError, StoreError
+from tests.store_conformance.conftest import Backend, add_run, add_session
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_reopened_database_keeps_everything(backend: Backend) -> None:
+    store = await backend.open()
+    await add_session(store)
+    await add_run(store)
+    await store.close()
+    again = await backend.open()
+    assert [r.id for r in await again.list_runs("ses_1")] == ["run_1"]
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+async def test_an_older_schema_is_migrated_keeping_its_rows(backend: Backend, version: int) -> None:
+    if version >= backend.schema_version:
+        pytest.skip("no such older version")
+    await backend.make_old(version)
+    store = await backend.open()
+    session = await store.get_session("ses_old")
+    assert session is not None and (session.status, session.output) == ("done", "kept")
+    await add_session(store)  # and the current schema's features work on it
+    await add_run(store)
+    await store.save_spill("spill_1", "run_1", "toolu_1", "migrated search works")
+    assert [h.ref for h in await store.search_history("run_1", "migrated")] == ["spill_1"]
+
+
+async def test_a_newer_schema_is_refused_without_a_write(backend: Backend) -> None:
+    store = await backend.open()
+    await add_session(store)
+    await store.close()
+    await backend.stamp_version(backend.schema_version + 1)
+    before = await backend.fingerprint()
+    with pytest.raises(DatabaseError, match="newer"):
+        await backend.open()
+    assert await backend.fingerprint() == before
+
+
+def test_a_database_error_is_a_store_error() -> None:
+    assert issubclass(DatabaseError, StoreError)

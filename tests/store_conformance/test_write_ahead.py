@@ -1,0 +1,125 @@
+"""Write-ahead ordering: what the runtime relies on to resume a crashed session."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from anabranch import Agent, Runtime
+from anabranch.store import (
+    CallRecord,
+    MessageRecord,
+    RunRecord,
+    SnapshotRecord,
+    Store,
+    ToolEventRecord,
+)
+from anabranch.testing import TestModel
+from tests.store_conformance.conftest import Backend, add_run, add_session
+
+pytestmark = pytest.mark.anyio
+
+
+def _message(seq: int, role: str = "user", text: str = "hi") -> MessageRecord:
+    return MessageRecord(
+        run_id="run_1", seq=seq, role=role, content=f'[{{"type": "text", "text": "{text}"}}]'
+    )
+
+
+def _call(turn: int, message_count: int) -> CallRecord:
+    return CallRecord(
+        run_id="run_1",
+        turn=turn,
+        attempt=1,
+        fingerprint="f",
+        message_count=message_count,
+        created=time.time(),
+    )
+
+
+async def test_a_write_is_durable_when_it_returns(backend: Backend) -> None:
+    writer = await backend.open()
+    await add_session(writer)
+    snapshot = SnapshotRecord(run_id="run_1", version=1, system="[]", tools="[]", created=1.0)
+    await writer.create_run(
+        RunRecord(id="run_1", session_id="ses_1", agent_name="a", model="m", created=1.0),
+        snapshot=snapshot,
+        messages=[_message(0)],
+    )
+    reader = await backend.open()  # another connection, the writer still open
+    run = await reader.get_run("run_1")
+    assert run is not None and run.status == "running"
+    assert [m.seq for m in await reader.load_messages("run_1")] == [0]
+    latest = await reader.latest_snapshot("run_1")
+    assert latest is not None and latest.version == 1
+
+
+async def test_a_call_is_committed_before_it_is_sent(backend: Backend) -> None:
+    store = await backend.open()
+    await add_session(store)
+    await add_run(store)
+    await store.append_messages([_message(0)])
+    call_id = await store.begin_call(_call(1, 2), [_message(1, text="pending")])
+
+    other = await backend.open()  # what a process resuming after a crash here would see
+    calls = await other.list_calls("run_1")
+    assert [(c.id, c.status) for c in calls] == [(call_id, None)]  # in flight
+    assert [m.seq for m in await other.load_messages("run_1")] == [0, 1]
+    interrupted = await other.close_interrupted_calls("run_1")
+    assert [c.id for c in interrupted] == [call_id]
+    assert [c.status for c in await store.list_calls("run_1")] == ["interrupted"]
+    assert await other.close_interrupted_calls("run_1") == []  # closed once
+
+
+async def test_a_call_outcome_commits_with_its_message_and_tool_events(store: Store) -> None:
+    await add_session(store)
+    await add_run(store)
+    call_id = await store.begin_call(_call(1, 1), [_message(0)])
+    started = ToolEventRecord(
+        run_id="run_1", call_id="toolu_1", name="search", event="started", created=time.time()
+    )
+    await store.finish_call(
+        call_id,
+        status="ok",
+        message=_message(1, role="assistant", text="calling"),
+        usage='{"input_tokens": 7, "output_tokens": 3}',
+        tool_events=[started],
+    )
+    (call,) = await store.list_calls("run_1")
+    assert (call.status, call.message_seq) == ("ok", 1)
+    assert await store.last_ok_turn("run_1") == 1
+    assert await store.next_seq("run_1") == 2
+    events = await store.tool_events("run_1", ["toolu_1"])
+    assert [(e.name, e.event) for e in events] == [("search", "started")]
+    usage = await store.sum_call_usage("ses_1", ["input_tokens", "output_tokens"])
+    assert usage == {"input_tokens": 7, "output_tokens": 3}
+
+
+async def test_a_finished_tool_event_is_read_back_whole(store: Store) -> None:
+    await add_session(store)
+    await add_run(store)
+    finished = ToolEventRecord(
+        run_id="run_1",
+        call_id="toolu_1",
+        name="search",
+        event="finished",
+        created=time.time(),
+        content="x" * 100_000 + "\u2603",
+        is_error=True,
+    )
+    await store.record_tool_event(finished)
+    (event,) = await store.tool_events("run_1", ["toolu_1", "toolu_other"])
+    assert event.content == finished.content and event.is_error is True
+
+
+async def test_a_runtime_runs_on_the_store_it_is_given(backend: Backend) -> None:
+    store = await backend.open()
+    agent = Agent(name="worker", model="test-model", instructions="Work.")
+    with anyio.fail_after(30):
+        async with Runtime(store=store, model=TestModel()) as rt:
+            result = await rt.run(agent, "say hi")
+    session = await store.get_session(result.session_id)  # still open: the caller owns it
+    assert session is not None and session.status == "done"
+    assert [c.status for c in await store.list_calls(result.run_id)] == ["ok"]
