@@ -4,6 +4,9 @@ self-compacting, persisted context."""
 from anabranch.agents import Agent as Agent
 from anabranch.agents import ContextPolicy as ContextPolicy
 from anabranch.agents import Graph as Graph
+from anabranch.agents import InstructionLevel as InstructionLevel
+from anabranch.agents import Memory as Memory
+from anabranch.agents import standard_instruction_files as standard_instruction_files
 from anabranch.agents import Task as Task
 from anabranch.agents import Tool as Tool
 from anabranch.agents import ToolContext as ToolContext
@@ -60,8 +63,10 @@ __all__ = [
     "DatabaseError",
     "Graph",
     "GraphResult",
+    "InstructionLevel",
     "LeaseLostError",
     "MaxTurnsExceeded",
+    "Memory",
     "Message",
     "Model",
     "ModelAPIError",
@@ -94,5 +99,6 @@ __all__ = [
     "ToolUseBlock",
     "Usage",
     "UserError",
+    "standard_instruction_files",
     "tool",
 ]

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from anabranch.agents._memory import InstructionLevel, Memory
 from anabranch.agents._policy import ContextPolicy
 from anabranch.agents._tools import Tool
 
@@ -51,6 +52,12 @@ class Agent(BaseModel):
     date_format: str = "%Y-%m-%d"
     include_cwd: bool = False
     """Put the process's working directory in the dynamic part of the system prompt."""
+    memory: Memory | None = None
+    """Long-term memory: the ``MEMORY.md`` index in the prompt, relevant memories attached
+    to the first turn, and the ``remember``/``forget`` (and ``log``) tools."""
+    instruction_files: tuple[InstructionLevel, ...] = ()
+    """Instruction files from several levels (organization, user, project, local), in the
+    dynamic part of the prompt in that order; a later level takes precedence."""
 
     @field_validator("bootstrap_files")
     @classmethod
@@ -62,6 +69,18 @@ class Agent(BaseModel):
                     f"bootstrap file {name!r} must be a path inside the workspace "
                     "(relative, without '..')"
                 )
+        return value
+
+    @field_validator("instruction_files")
+    @classmethod
+    def _levels_in_order(cls, value: tuple[InstructionLevel, ...]) -> tuple[InstructionLevel, ...]:
+        order = ["organization", "user", "project", "local"]
+        ranks = [order.index(level.level) for level in value]
+        if ranks != sorted(ranks):
+            raise ValueError(
+                "instruction_files must be ordered organization, user, project, local "
+                "(a later level takes precedence)"
+            )
         return value
 
     @field_validator("tools", mode="before")
@@ -81,6 +100,13 @@ class Agent(BaseModel):
         reserved = sorted(RESERVED_TOOL_NAMES.intersection(names))
         if reserved:
             raise ValueError(f"tool names reserved for built-in tools: {', '.join(reserved)}")
+        if self.memory is not None and not self.memory.read_only:
+            memory_tools = {"remember", "forget"} | ({"log"} if self.memory.log else set())
+            taken = sorted(memory_tools.intersection(names))
+            if taken:
+                raise ValueError(
+                    f"tool names reserved for memory tools when memory= is set: {', '.join(taken)}"
+                )
         sub_names = [a.name for a in self.subagents]
         duplicates = sorted({n for n in sub_names if sub_names.count(n) > 1})
         if duplicates:

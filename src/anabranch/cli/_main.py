@@ -15,7 +15,7 @@ import anyio
 import pydantic
 
 from anabranch.agents import Agent, Graph
-from anabranch.cli import _compaction, _testing, _ui
+from anabranch.cli import _compaction, _memory, _testing, _ui
 from anabranch.cli._common import CliError, Handler, add_command
 from anabranch.context._pricing import Cost, PriceTable
 from anabranch.errors import AnabranchError, UserError
@@ -209,9 +209,7 @@ def _prices(path: str | None) -> PriceTable:
         raise CliError(f"cannot use prices from {path}: {message}") from exc
 
 
-async def _print_snapshots(
-    store: Store, session: SessionRecord, run: RunRecord | None
-) -> None:
+async def _print_snapshots(store: Store, session: SessionRecord, run: RunRecord | None) -> None:
     runs = [run] if run is not None else await store.list_runs(session.id)
     shown = runs if run is not None else [r for r in runs if r.parent_run_id is None][:1]
     for record in shown:
@@ -320,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     _testing.register(commands)
     _compaction.register(commands)
     _ui.register(commands)
+    _memory.register(commands)
     return parser
 
 

@@ -17,12 +17,16 @@ from anabranch.messages import CacheTTL, SystemBlock
 __all__ = [
     "DYNAMIC_BOUNDARY",
     "BootstrapText",
+    "InstructionText",
+    "MemoryIndexText",
     "MissingBootstrap",
     "PromptSection",
     "SubagentInfo",
     "assemble_system",
     "bootstrap_tag",
     "render_bootstrap",
+    "render_instruction_files",
+    "render_memory_index",
     "split_instructions",
     "system_sections",
 ]
@@ -52,6 +56,25 @@ class BootstrapText:
     text: str | None
     truncated: bool = False
     """The reader stopped early (the file is longer than the cap)."""
+
+
+@dataclass(frozen=True)
+class InstructionText:
+    """One instruction file of one level (organization, user, project, local)."""
+
+    level: str
+    path: str
+    text: str
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class MemoryIndexText:
+    """The memory index as it enters the prompt (already capped)."""
+
+    path: str
+    text: str
+    writable: bool
 
 
 @dataclass(frozen=True)
@@ -104,6 +127,41 @@ def render_bootstrap(
     return f'<{tag} path="{path}">\n{body}\n</{tag}>' if body else f'<{tag} path="{path}"></{tag}>'
 
 
+def render_instruction_files(files: Sequence[InstructionText], *, max_chars: int) -> str:
+    """The instruction files in level order, each in a tag naming its level and path."""
+    parts = [
+        "Instruction files follow, from the broadest level to the most specific. Where they "
+        "disagree, the later (more specific) one takes precedence."
+    ]
+    for file in files:
+        path = file.path.replace('"', "'")
+        text = file.text
+        if file.truncated or len(text) > max_chars:
+            text = text[:max_chars].rstrip() + (
+                f"\n[... truncated: only the first {max_chars} characters of {path} are shown ...]"
+            )
+        parts.append(
+            f'<instructions level="{file.level}" path="{path}">\n{text.strip(chr(10))}\n'
+            "</instructions>"
+        )
+    return "\n".join(parts)
+
+
+def render_memory_index(index: MemoryIndexText) -> str:
+    path = index.path.replace('"', "'")
+    how = (
+        "Save what you learn with remember; remove what is wrong with forget."
+        if index.writable
+        else "This memory is read-only for you."
+    )
+    body = index.text.strip("\n") or "(no memories yet)"
+    return (
+        f'<memory_index path="{path}">\n{body}\n</memory_index>\n'
+        f"This is the index of your long-term memory (one line per memory file). Memories "
+        f"relevant to a task are attached to it. {how}"
+    )
+
+
 def _subagent_guidance(subagents: Sequence[SubagentInfo]) -> str:
     lines = [
         "You can delegate work to sub-agents with the spawn_agent tool. Each sub-agent works "
@@ -129,12 +187,15 @@ def system_sections(
     dynamic: Sequence[str] = (),
     date: str | None = None,
     cwd: str | None = None,
+    instruction_files: Sequence[InstructionText] = (),
+    memory_index: MemoryIndexText | None = None,
 ) -> list[PromptSection]:
     """The ordered sections of a system prompt; empty sections are left out.
 
     Static: instructions (before a ``__DYNAMIC_BOUNDARY__`` line), tool guidance, sub-agent
-    guidance, the report cap. Dynamic: instructions after the boundary, bootstrap files (in
-    the given order), extra ``dynamic`` texts, then the date and the working directory.
+    guidance, the report cap. Dynamic: instructions after the boundary, instruction files
+    by level, bootstrap files (in the given order), the memory index, extra ``dynamic``
+    texts, then the date and the working directory.
     """
     static_text, user_dynamic = split_instructions(instructions)
     sections = [PromptSection("instructions", static_text.strip())]
@@ -151,10 +212,15 @@ def system_sections(
             )
         )
     sections.append(PromptSection("instructions_dynamic", user_dynamic.strip(), dynamic=True))
+    if instruction_files:
+        rendered_levels = render_instruction_files(instruction_files, max_chars=bootstrap_max_chars)
+        sections.append(PromptSection("instruction_files", rendered_levels, dynamic=True))
     for file in bootstrap:
         rendered = render_bootstrap(file, max_chars=bootstrap_max_chars, missing=bootstrap_missing)
         if rendered is not None:
             sections.append(PromptSection(f"bootstrap:{file.name}", rendered, dynamic=True))
+    if memory_index is not None:
+        sections.append(PromptSection("memory_index", render_memory_index(memory_index), True))
     sections += [PromptSection("dynamic", text.strip(), dynamic=True) for text in dynamic]
     if date:
         sections.append(PromptSection("date", f"Current date: {date}", dynamic=True))
@@ -176,6 +242,8 @@ def assemble_system(
     bootstrap_missing: MissingBootstrap = "skip",
     date: str | None = None,
     cwd: str | None = None,
+    instruction_files: Sequence[InstructionText] = (),
+    memory_index: MemoryIndexText | None = None,
 ) -> tuple[SystemBlock, ...]:
     """At most two blocks: the static sections, then the dynamic ones (see ``system_sections``).
 
@@ -193,6 +261,8 @@ def assemble_system(
         dynamic=dynamic,
         date=date,
         cwd=cwd,
+        instruction_files=instruction_files,
+        memory_index=memory_index,
     )
     static = [s.text for s in sections if not s.dynamic]
     volatile = [s.text for s in sections if s.dynamic]

@@ -9,12 +9,21 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from anabranch.agents import Agent
-from anabranch.context._prompt import BootstrapText
+from anabranch.context._prompt import BootstrapText, InstructionText, MemoryIndexText
+from anabranch.memory._files import MemoryFolder
+from anabranch.memory._index import capped_index
 
-__all__ = ["PromptInputs", "now", "prompt_inputs", "read_bootstrap"]
+__all__ = [
+    "PromptInputs",
+    "now",
+    "prompt_inputs",
+    "read_bootstrap",
+    "read_instruction_files",
+    "read_memory_index",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -49,6 +58,39 @@ def read_bootstrap(agent: Agent) -> list[BootstrapText]:
     return files
 
 
+def read_instruction_files(agent: Agent) -> list[InstructionText]:
+    """The agent's instruction files that exist, in level order (capped like bootstrap
+    files; unreadable ones are skipped with a warning)."""
+    files = []
+    for level in agent.instruction_files:
+        path = level.path.expanduser()
+        try:
+            with path.open(encoding="utf-8", errors="replace") as handle:
+                text = handle.read(agent.bootstrap_max_chars + 1)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            _log.warning("instruction file %s cannot be read: %s", path, exc)
+            continue
+        truncated = len(text) > agent.bootstrap_max_chars
+        files.append(InstructionText(level.level, str(path), text, truncated))
+    return files
+
+
+def read_memory_index(agent: Agent) -> MemoryIndexText | None:
+    """The agent's ``MEMORY.md`` index, capped, or ``None`` without memory (or when the
+    memory is only inherited read-only from a parent: then it has no index in its prompt)."""
+    memory = agent.memory
+    if memory is None or not memory.index_in_prompt:
+        return None
+    folder = MemoryFolder(memory.folder(agent.name))
+    index = folder.index_text() or ""
+    view = capped_index(index, max_lines=memory.index_max_lines, max_bytes=memory.index_max_bytes)
+    return MemoryIndexText(
+        path=str(folder.root / "MEMORY.md"), text=view.text, writable=not memory.read_only
+    )
+
+
 @dataclass(frozen=True)
 class PromptInputs:
     """Everything outside the agent definition that enters its system prompt."""
@@ -56,6 +98,8 @@ class PromptInputs:
     bootstrap: list[BootstrapText]
     date: str | None
     cwd: str | None
+    instruction_files: list[InstructionText] = field(default_factory=list)
+    memory_index: MemoryIndexText | None = None
 
 
 def prompt_inputs(agent: Agent) -> PromptInputs:
@@ -64,4 +108,6 @@ def prompt_inputs(agent: Agent) -> PromptInputs:
         bootstrap=read_bootstrap(agent),
         date=now().strftime(agent.date_format) if agent.include_date else None,
         cwd=os.getcwd() if agent.include_cwd else None,
+        instruction_files=read_instruction_files(agent),
+        memory_index=read_memory_index(agent),
     )

@@ -47,6 +47,7 @@ from anabranch.models._retry import RetryPolicy
 from anabranch.runtime._bootstrap import prompt_inputs
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
 from anabranch.runtime._cache_watch import check_cache_break
+from anabranch.runtime._memory import attach_relevant_memories
 from anabranch.runtime._pipeline import ContextPipeline
 from anabranch.runtime._tool_exec import run_user_tool
 from anabranch.store import (
@@ -157,6 +158,7 @@ class AgentRun:
         run = cls(env, agent, record)
         system, tools = snapshot if snapshot is not None else run.build_prompt()
         messages = [Message.user(task)] if isinstance(task, str) else list(task)
+        messages = await attach_relevant_memories(env, agent, messages)
         run.snapshot_version = 1
         await env.store.create_run(
             record,
@@ -264,6 +266,8 @@ class AgentRun:
             bootstrap_missing=agent.bootstrap_missing,
             date=inputs.date,
             cwd=inputs.cwd,
+            instruction_files=inputs.instruction_files,
+            memory_index=inputs.memory_index,
         )
         definitions = [
             ToolDefinition(name=t.name, description=t.description, input_schema=t.input_schema)

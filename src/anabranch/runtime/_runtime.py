@@ -31,6 +31,7 @@ from anabranch.runtime._compactor import CompactingPipeline
 from anabranch.runtime._graph import resume_graph, run_graph
 from anabranch.runtime._loader import load_object
 from anabranch.runtime._loop import AgentRun, Environment, new_id
+from anabranch.runtime._memory import ForgetTool, LogTool, RememberTool, memory_session_start
 from anabranch.runtime._pipeline import ContextPipeline
 from anabranch.runtime._recall import RecallTool
 from anabranch.runtime._report import summarizer_usage
@@ -48,7 +49,7 @@ DEFAULT_DB = "anabranch.db"
 
 def default_builtins() -> tuple[BuiltinTool, ...]:
     """The built-in tools every runtime offers (to the agents they apply to)."""
-    return (SpawnTool(), RecallTool())
+    return (SpawnTool(), RecallTool(), RememberTool(), ForgetTool(), LogTool())
 
 
 def default_pipeline() -> ContextPipeline:
@@ -238,6 +239,7 @@ class Runtime:
         env = self.environment(session_id)
 
         async def start_and_drive() -> str:
+            await memory_session_start(env, agent)
             root = await AgentRun.start(env, agent, task)
             return await root.drive()
 

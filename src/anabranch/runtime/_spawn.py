@@ -29,6 +29,7 @@ from anabranch.messages import (
 )
 from anabranch.runtime._builtins import ToolOutcome
 from anabranch.runtime._children import RunOutcome, capped_report, drive_to_outcome, open_run
+from anabranch.runtime._memory import inherit_memory
 from anabranch.store import RunRecord
 
 if TYPE_CHECKING:
@@ -232,7 +233,7 @@ class SpawnTool:
             )
         return await open_run(
             run.env,
-            role.model_copy(update={"max_report_tokens": cap}),
+            inherit_memory(run.agent, role).model_copy(update={"max_report_tokens": cap}),
             existing,
             args.task,
             parent_run_id=run.id,

@@ -146,7 +146,7 @@ class TestModel:
     (a user turn asking for ``<summary>``) is answered with an ``<analysis>``/``<summary>``.
     Tool ids carry their round number, so the count survives compaction: a compacted
     context's opening turn is not a new task. Tools in ``skip_tools`` (the built-in
-    ``recall``, by default) are never called.
+    ``recall`` and ``forget``, by default) are never called.
     Deterministic: the same request always gets the same response (so the same agent given
     the same task twice reuses its tool_use ids; different agents never share them).
     """
@@ -158,7 +158,7 @@ class TestModel:
         *,
         rounds: int = 1,
         report_chars: int = 240,
-        skip_tools: Collection[str] = ("recall",),
+        skip_tools: Collection[str] = ("recall", "forget"),
     ) -> None:
         if rounds < 0:
             raise ValueError("rounds must be >= 0")

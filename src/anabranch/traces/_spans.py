@@ -487,6 +487,28 @@ class Tracing:
             except Exception:  # pragma: no cover
                 _log.debug("could not set span status", exc_info=True)
 
+    # ------------------------------------------------------------------ memory
+    @contextmanager
+    def memory_span(self, operation: str, *, agent: str, session_id: str | None) -> Iterator[Span]:
+        """``memory {operation} {agent}``: a relevance selection or a consolidation.
+
+        ``memory_result`` records what was considered and chosen (memory names and
+        counts only, never their content).
+        """
+        attributes = {
+            "gen_ai.operation.name": f"memory.{operation}",
+            "gen_ai.agent.name": agent,
+            "gen_ai.conversation.id": session_id,
+            "openinference.span.kind": "RETRIEVER" if operation == "select" else "CHAIN",
+            "session.id": session_id,
+            "anabranch.memory.operation": operation,
+        }
+        with self._span(f"memory {operation} {agent}", SpanKind.INTERNAL, attributes) as span:
+            yield span
+
+    def memory_result(self, span: Span, attributes: Mapping[str, Any]) -> None:
+        _safe_set(span, {f"anabranch.memory.{k}": v for k, v in attributes.items()})
+
     # ------------------------------------------------------------------ misc
     def event(self, span: Span, name: str, attributes: Mapping[str, Any]) -> None:
         try:
