@@ -6,10 +6,10 @@ from anabranch.agents import ContextPolicy as ContextPolicy
 from anabranch.agents import Graph as Graph
 from anabranch.agents import InstructionLevel as InstructionLevel
 from anabranch.agents import Memory as Memory
-from anabranch.agents import standard_instruction_files as standard_instruction_files
 from anabranch.agents import Task as Task
 from anabranch.agents import Tool as Tool
 from anabranch.agents import ToolContext as ToolContext
+from anabranch.agents import standard_instruction_files as standard_instruction_files
 from anabranch.agents import tool as tool
 from anabranch.context._compaction import CompactionEvent as CompactionEvent
 from anabranch.errors import AnabranchError as AnabranchError
