@@ -32,11 +32,16 @@ from anabranch.errors import StoreError as StoreError
 from anabranch.errors import ToolDefinitionError as ToolDefinitionError
 from anabranch.errors import UserError as UserError
 from anabranch.messages import Block as Block
+from anabranch.messages import Document as Document
+from anabranch.messages import Image as Image
 from anabranch.messages import Message as Message
 from anabranch.messages import ModelRequest as ModelRequest
 from anabranch.messages import ModelResponse as ModelResponse
+from anabranch.messages import ModelSettings as ModelSettings
+from anabranch.messages import RedactedThinkingBlock as RedactedThinkingBlock
 from anabranch.messages import SystemBlock as SystemBlock
 from anabranch.messages import TextBlock as TextBlock
+from anabranch.messages import ThinkingBlock as ThinkingBlock
 from anabranch.messages import ToolDefinition as ToolDefinition
 from anabranch.messages import ToolResultBlock as ToolResultBlock
 from anabranch.messages import ToolUseBlock as ToolUseBlock
@@ -61,8 +66,10 @@ __all__ = [
     "CompactionFailedError",
     "ContextPolicy",
     "DatabaseError",
+    "Document",
     "Graph",
     "GraphResult",
+    "Image",
     "InstructionLevel",
     "LeaseLostError",
     "MaxTurnsExceeded",
@@ -74,9 +81,11 @@ __all__ = [
     "ModelError",
     "ModelRequest",
     "ModelResponse",
+    "ModelSettings",
     "OverloadedError",
     "PromptTooLongError",
     "RateLimitedError",
+    "RedactedThinkingBlock",
     "RetryPolicy",
     "RunError",
     "RunResult",
@@ -91,6 +100,7 @@ __all__ = [
     "Task",
     "TaskResult",
     "TextBlock",
+    "ThinkingBlock",
     "Tool",
     "ToolContext",
     "ToolDefinition",

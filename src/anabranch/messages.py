@@ -6,23 +6,34 @@ in translation, but our own types: provider types stay inside the model clients.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import weakref
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 __all__ = [
+    "IMAGE_MEDIA_TYPES",
+    "Attachment",
     "Block",
     "CacheTTL",
+    "Document",
+    "Image",
     "Message",
     "MessageList",
     "ModelRequest",
     "ModelResponse",
+    "ModelSettings",
+    "RawBlock",
+    "RedactedThinkingBlock",
     "StopReason",
     "SystemBlock",
     "TextBlock",
+    "ThinkingBlock",
+    "ToolChoice",
     "ToolDefinition",
     "ToolResultBlock",
     "ToolUseBlock",
@@ -59,6 +70,156 @@ class TextBlock(_Frozen):
     text: str
 
 
+class ThinkingBlock(_Frozen):
+    """The model's visible reasoning. Sent back exactly as received (the API checks
+    ``signature``); never edited, only dropped with a summarized range."""
+
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str
+
+
+class RedactedThinkingBlock(_Frozen):
+    """Reasoning the API encrypted: only the opaque ``data`` travels, unchanged."""
+
+    type: Literal["redacted_thinking"] = "redacted_thinking"
+    data: str
+
+
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+ImageMediaType = Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+
+
+def sniff_image_type(data: bytes) -> str | None:
+    """The image media type ``data`` starts like, or ``None`` if it is no known image."""
+    for magic, media_type in _MAGIC:
+        if data.startswith(magic):
+            return media_type
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def _decode_data(value: Any) -> Any:
+    """Raw bytes stay as they are; a string is base64 (how JSON carries them)."""
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"data is not valid base64: {exc}") from None
+    return value
+
+
+class _Binary(_Frozen):
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_bytes="base64")
+
+    @field_validator("data", mode="before", check_fields=False)
+    @classmethod
+    def _base64(cls, value: Any) -> Any:
+        return _decode_data(value)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the payload (0 for a URL source)."""
+        data = getattr(self, "data", None)
+        text = getattr(self, "text", None)
+        if data is not None:
+            return len(data)
+        return len(text.encode()) if text is not None else 0
+
+    @property
+    def base64_data(self) -> str:
+        data = getattr(self, "data", None)
+        return base64.b64encode(data).decode() if data is not None else ""
+
+
+class Image(_Binary):
+    """An image for the model: raw bytes with their media type, or a URL.
+
+    ``Image(data=png_bytes, media_type="image/png")`` or ``Image(url="https://...")``.
+    The bytes must really be of ``media_type`` (checked here, as the API would).
+    """
+
+    type: Literal["image"] = "image"
+    media_type: ImageMediaType | None = None
+    data: bytes | None = None
+    url: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Image:
+        if (self.data is None) == (self.url is None):
+            raise ValueError("an Image needs exactly one of data= or url=")
+        if self.data is not None:
+            if self.media_type is None:
+                raise ValueError("an Image with data= needs media_type= (e.g. 'image/png')")
+            if not self.data:
+                raise ValueError("an Image's data is empty")
+            found = sniff_image_type(self.data)
+            if found != self.media_type:
+                seen = f"a {found} image" if found else "no known image format"
+                raise ValueError(
+                    f"the image was given as {self.media_type} but its bytes are {seen}"
+                )
+        elif self.url is not None and not self.url.startswith(("https://", "http://")):
+            raise ValueError("an Image url must start with https:// or http://")
+        return self
+
+
+class Document(_Binary):
+    """A document for the model: a PDF (bytes or URL) or plain text.
+
+    ``Document(data=pdf_bytes)``, ``Document(url="https://.../a.pdf")`` or
+    ``Document(text="...", title="notes.txt")``.
+    """
+
+    type: Literal["document"] = "document"
+    media_type: Literal["application/pdf", "text/plain"] = "application/pdf"
+    data: bytes | None = None
+    url: str | None = None
+    text: str | None = None
+    title: str | None = None
+    context: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_is_plain(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("text") is not None:
+            value = {**value, "media_type": value.get("media_type", "text/plain")}
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Document:
+        sources = [s for s in (self.data, self.url, self.text) if s is not None]
+        if len(sources) != 1:
+            raise ValueError("a Document needs exactly one of data=, url= or text=")
+        if self.text is not None and self.media_type != "text/plain":
+            raise ValueError("a text Document has media_type 'text/plain'")
+        if self.data is not None:
+            if self.media_type != "application/pdf" or not self.data.startswith(b"%PDF-"):
+                raise ValueError("a Document with data= must be a PDF (bytes starting %PDF-)")
+        if self.url is not None and not self.url.startswith(("https://", "http://")):
+            raise ValueError("a Document url must start with https:// or http://")
+        return self
+
+
+class RawBlock(_Frozen):
+    """A response block of a kind this model does not name (e.g. a server tool's), kept
+    exactly as the API sent it and sent back the same way: nothing is dropped."""
+
+    type: Literal["raw"] = "raw"
+    block: dict[str, Any]
+
+
+Attachment = Annotated[Image | Document, Field(discriminator="type")]
+"""An image or document inside a tool result."""
+
+
 class ToolUseBlock(_Frozen):
     type: Literal["tool_use"] = "tool_use"
     id: str
@@ -67,13 +228,26 @@ class ToolUseBlock(_Frozen):
 
 
 class ToolResultBlock(_Frozen):
+    """A tool's answer: its text, then any images or documents it returned (in order)."""
+
     type: Literal["tool_result"] = "tool_result"
     tool_use_id: str
     content: str
     is_error: bool = False
+    attachments: tuple[Attachment, ...] = Field((), exclude_if=lambda value: not value)
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+Block = Annotated[
+    TextBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | Image
+    | Document
+    | RawBlock,
+    Field(discriminator="type"),
+]
 
 
 class Message(_Frozen):
@@ -99,15 +273,37 @@ class Message(_Frozen):
     def tool_results(self) -> list[ToolResultBlock]:
         return [b for b in self.content if isinstance(b, ToolResultBlock)]
 
+    @property
+    def thinking_blocks(self) -> list[ThinkingBlock | RedactedThinkingBlock]:
+        return [b for b in self.content if isinstance(b, ThinkingBlock | RedactedThinkingBlock)]
+
+    @property
+    def attachments(self) -> list[Image | Document]:
+        """Images and documents, also those inside tool results, in order."""
+        found: list[Image | Document] = []
+        for block in self.content:
+            if isinstance(block, Image | Document):
+                found.append(block)
+            elif isinstance(block, ToolResultBlock):
+                found.extend(block.attachments)
+        return found
+
     def char_count(self) -> int:
+        """Characters of the text parts (images and documents are counted apart)."""
         total = 0
         for block in self.content:
             if isinstance(block, TextBlock):
                 total += len(block.text)
             elif isinstance(block, ToolUseBlock):
                 total += len(block.name) + len(canonical_json(block.input))
-            else:
+            elif isinstance(block, ToolResultBlock):
                 total += len(block.content)
+            elif isinstance(block, ThinkingBlock):
+                total += len(block.thinking) + len(block.signature)
+            elif isinstance(block, RedactedThinkingBlock):
+                total += len(block.data)
+            elif isinstance(block, Document) and block.text is not None:
+                total += len(block.text)
         return total
 
 
@@ -211,6 +407,9 @@ class Usage(_Frozen):
     input_tokens: int = 0
     """Uncached input tokens only."""
     output_tokens: int = 0
+    """All output tokens, thinking included (billed as output)."""
+    thinking_tokens: int = Field(0, exclude_if=lambda value: value == 0)
+    """The part of ``output_tokens`` spent thinking (when the API reports it)."""
     cache_read_input_tokens: int = 0
     cache_creation_input_tokens: int = 0
     cache_creation_5m_input_tokens: int = 0
@@ -225,6 +424,7 @@ class Usage(_Frozen):
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
+            thinking_tokens=self.thinking_tokens + other.thinking_tokens,
             cache_read_input_tokens=self.cache_read_input_tokens + other.cache_read_input_tokens,
             cache_creation_input_tokens=self.cache_creation_input_tokens
             + other.cache_creation_input_tokens,
@@ -251,6 +451,93 @@ class ToolDefinition(_Frozen):
     cache: CacheTTL | None = None
 
 
+ToolChoice = str
+"""``"auto"``, ``"any"``, ``"none"`` or the name of one tool."""
+
+MIN_THINKING_BUDGET = 1024
+"""The API's smallest ``budget_tokens``."""
+
+
+class ModelSettings(_Frozen):
+    """How the model is asked to answer: extended thinking, sampling, tool choice, tier.
+
+    Checked at definition against what the Messages API refuses together: thinking with a
+    modified ``temperature`` or ``top_k`` (``top_p`` only within 0.95..1) or with forced
+    tool use (``tool_choice`` ``"any"`` or a tool name). ``max_tokens`` must exceed
+    ``thinking_budget``; the ``Agent`` checks that, since it owns ``max_tokens``.
+    """
+
+    thinking_budget: int | None = Field(None, ge=MIN_THINKING_BUDGET)
+    """Extended thinking on with this many tokens to think in; ``None`` (default): off."""
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, gt=0)
+    stop_sequences: tuple[str, ...] = ()
+    tool_choice: ToolChoice | None = None
+    """``"auto"`` | ``"any"`` | ``"none"`` | a tool name; ``None``: the API's default."""
+    service_tier: Literal["auto", "standard_only"] | None = None
+    extra_headers: dict[str, str] = Field(default_factory=dict)
+    """Sent with every request (e.g. a beta header); never stored or traced by value."""
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    """Merged into every request body, for API fields this model does not name."""
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _non_blank(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not s.strip() for s in value):
+            raise ValueError("stop sequences must contain non-whitespace text")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("tool_choice must be 'auto', 'any', 'none' or a tool name")
+        return value
+
+    @model_validator(mode="after")
+    def _compatible(self) -> ModelSettings:
+        if self.thinking_budget is None:
+            return self
+        if self.temperature is not None and self.temperature != 1.0:
+            raise ValueError(
+                "thinking_budget cannot be combined with temperature (the API allows only "
+                "temperature=1 when thinking is enabled)"
+            )
+        if self.top_k is not None:
+            raise ValueError("thinking_budget cannot be combined with top_k")
+        if self.top_p is not None and self.top_p < 0.95:
+            raise ValueError("with thinking_budget, top_p must be between 0.95 and 1")
+        if self.forces_tool_use:
+            raise ValueError(
+                f"thinking_budget cannot be combined with tool_choice={self.tool_choice!r}: "
+                "thinking may not be enabled when tool_choice forces tool use "
+                "(use 'auto' or 'none')"
+            )
+        return self
+
+    @property
+    def thinking(self) -> bool:
+        return self.thinking_budget is not None
+
+    @property
+    def forces_tool_use(self) -> bool:
+        return self.tool_choice is not None and self.tool_choice not in ("auto", "none")
+
+    def is_default(self) -> bool:
+        return self == _DEFAULT_SETTINGS
+
+    def cache_key(self) -> str:
+        """What of these settings keys the messages part of the prompt cache."""
+        return canonical_json([self.thinking_budget, self.tool_choice])
+
+    def without_thinking(self) -> ModelSettings:
+        return self.model_copy(update={"thinking_budget": None})
+
+
+_DEFAULT_SETTINGS = ModelSettings()
+
+
 class ModelRequest(_Frozen):
     """Everything one model call sends. Serializes deterministically (see ``fingerprint``)."""
 
@@ -261,6 +548,9 @@ class ModelRequest(_Frozen):
     max_tokens: int = 4096
     message_breakpoints: tuple[tuple[int, CacheTTL], ...] = ()
     """Cache breakpoints on the last block of ``messages[i]``, as (i, ttl)."""
+    settings: ModelSettings = Field(
+        default_factory=ModelSettings, exclude_if=lambda value: value.is_default()
+    )
 
     def fingerprint(self) -> str:
         """SHA-256 over the canonical JSON of everything but the messages, then a hash of
@@ -273,6 +563,8 @@ class ModelRequest(_Frozen):
             "max_tokens": self.max_tokens,
             "message_breakpoints": [list(b) for b in self.message_breakpoints],
         }
+        if not self.settings.is_default():
+            head["settings"] = self.settings.model_dump(mode="json", exclude={"extra_headers"})
         digest.update(canonical_json(head).encode())
         digest.update(_messages_hash(self.messages))
         return digest.hexdigest()

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from anabranch.agents._memory import InstructionLevel, Memory
 from anabranch.agents._policy import ContextPolicy
 from anabranch.agents._tools import Tool
+from anabranch.messages import ModelSettings
 
 __all__ = ["RESERVED_TOOL_NAMES", "Agent"]
 
@@ -32,7 +33,9 @@ class Agent(BaseModel):
     context: ContextPolicy = ContextPolicy()
     max_turns: int = Field(25, gt=0)
     max_tokens: int = Field(4_096, gt=0)
-    """Output tokens per model call."""
+    """Output tokens per model call (thinking included: must exceed the thinking budget)."""
+    model_settings: ModelSettings = ModelSettings()
+    """Extended thinking, sampling, tool choice and service tier of every call."""
     tool_timeout: float | None = Field(120.0, gt=0)
     """Seconds a tool call may take (a tool's own ``timeout`` wins)."""
     timeout: float | None = Field(None, gt=0)
@@ -106,6 +109,21 @@ class Agent(BaseModel):
             if taken:
                 raise ValueError(
                     f"tool names reserved for memory tools when memory= is set: {', '.join(taken)}"
+                )
+        budget = self.model_settings.thinking_budget
+        if budget is not None and self.max_tokens <= budget:
+            raise ValueError(
+                f"max_tokens ({self.max_tokens}) must be greater than "
+                f"model_settings.thinking_budget ({budget}): thinking tokens count toward "
+                "max_tokens"
+            )
+        choice = self.model_settings.tool_choice
+        if choice not in (None, "auto", "any", "none"):
+            offered = {*names, *RESERVED_TOOL_NAMES}
+            if choice not in offered:
+                raise ValueError(
+                    f"model_settings.tool_choice {choice!r} names no tool of this agent "
+                    f"(tools: {', '.join(sorted(names)) or 'none'})"
                 )
         sub_names = [a.name for a in self.subagents]
         duplicates = sorted({n for n in sub_names if sub_names.count(n) > 1})

@@ -16,8 +16,11 @@ from anabranch.messages import (
     CacheTTL,
     Message,
     ModelRequest,
+    RawBlock,
+    RedactedThinkingBlock,
     SystemBlock,
     TextBlock,
+    ThinkingBlock,
     ToolDefinition,
     Usage,
     canonical_json,
@@ -48,10 +51,13 @@ CacheBreakCause = Literal[
 
 
 def _cacheable(message: Message) -> bool:
-    """Whether the last block of ``message`` can carry a breakpoint (not an empty text)."""
+    """Whether the last block of ``message`` can carry a breakpoint (not an empty text, not
+    a thinking block: the API caches those only as part of a later block's prefix)."""
     if not message.content:
         return False
     last = message.content[-1]
+    if isinstance(last, ThinkingBlock | RedactedThinkingBlock | RawBlock):
+        return False
     return not (isinstance(last, TextBlock) and not last.text)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from anabranch.context._content import message_attachment_tokens
 from anabranch.messages import Message, ModelRequest, canonical_json
 
 __all__ = ["CHARS_PER_TOKEN", "SAFETY_FACTOR", "estimate_messages", "estimate_request"]
@@ -18,8 +19,9 @@ def _estimate_chars(chars: int) -> int:
 
 
 def estimate_messages(messages: Iterable[Message]) -> int:
-    """Estimated tokens of ``messages`` (about 4 characters a token, plus a margin)."""
-    return sum(_estimate_chars(m.char_count()) + 4 for m in messages)
+    """Estimated tokens of ``messages``: about 4 characters a token plus a margin, and a
+    fixed or per-page cost for each image and document (see ``context._content``)."""
+    return sum(_estimate_chars(m.char_count()) + 4 + message_attachment_tokens(m) for m in messages)
 
 
 def estimate_request(request: ModelRequest) -> int:

@@ -22,15 +22,22 @@ from anabranch.errors import (
 from anabranch.messages import (
     Block,
     CacheTTL,
+    Document,
+    Image,
     Message,
     ModelRequest,
     ModelResponse,
+    ModelSettings,
+    RawBlock,
+    RedactedThinkingBlock,
     TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
     ToolUseBlock,
     Usage,
 )
 
-__all__ = ["AnthropicModel", "request_to_params"]
+__all__ = ["AnthropicModel", "block_param", "request_to_params", "settings_params"]
 
 
 class AnthropicModel:
@@ -70,7 +77,13 @@ class AnthropicModel:
 
     async def count_tokens(self, request: ModelRequest) -> int:
         params = request_to_params(request)
-        params.pop("max_tokens", None)
+        for key in ("max_tokens", "stop_sequences", "service_tier"):
+            params.pop(key, None)
+        body = params.get("extra_body")
+        if body:  # sampling options are not count_tokens parameters
+            params["extra_body"] = {
+                k: v for k, v in body.items() if k not in ("temperature", "top_p", "top_k")
+            }
         with _map_errors():
             result = await self._client.messages.count_tokens(**params)
         return int(result.input_tokens)
@@ -83,23 +96,58 @@ def _cache_control(ttl: CacheTTL) -> dict[str, str]:
     return {"type": "ephemeral"} if ttl == "5m" else {"type": "ephemeral", "ttl": ttl}
 
 
-def _block_param(block: Block) -> dict[str, Any]:
-    if isinstance(block, TextBlock):
-        return {"type": "text", "text": block.text}
-    if isinstance(block, ToolUseBlock):
-        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+def _source_param(block: Image | Document) -> dict[str, Any]:
+    if block.url is not None:
+        return {"type": "url", "url": block.url}
+    if isinstance(block, Document) and block.text is not None:
+        return {"type": "text", "media_type": "text/plain", "data": block.text}
+    return {"type": "base64", "media_type": block.media_type, "data": block.base64_data}
+
+
+def _attachment_param(block: Image | Document) -> dict[str, Any]:
+    param: dict[str, Any] = {"type": block.type, "source": _source_param(block)}
+    if isinstance(block, Document):
+        if block.title is not None:
+            param["title"] = block.title
+        if block.context is not None:
+            param["context"] = block.context
+    return param
+
+
+def _tool_result_param(block: ToolResultBlock) -> dict[str, Any]:
+    content: str | list[dict[str, Any]] = block.content
+    if block.attachments:
+        parts = [{"type": "text", "text": block.content}] if block.content else []
+        content = parts + [_attachment_param(a) for a in block.attachments]
     param: dict[str, Any] = {
         "type": "tool_result",
         "tool_use_id": block.tool_use_id,
-        "content": block.content,
+        "content": content,
     }
     if block.is_error:
         param["is_error"] = True
     return param
 
 
+def block_param(block: Block) -> dict[str, Any]:
+    """One content block in the Messages API's shape (thinking passed back verbatim)."""
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ToolUseBlock):
+        return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    if isinstance(block, ToolResultBlock):
+        return _tool_result_param(block)
+    if isinstance(block, ThinkingBlock):
+        return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+    if isinstance(block, RedactedThinkingBlock):
+        return {"type": "redacted_thinking", "data": block.data}
+    if isinstance(block, RawBlock):
+        return dict(block.block)
+    return _attachment_param(block)
+
+
 def _message_param(message: Message, ttl: CacheTTL | None) -> dict[str, Any]:
-    blocks = [_block_param(b) for b in message.content]
+    blocks = [block_param(b) for b in message.content]
     if ttl is not None and blocks:
         blocks[-1]["cache_control"] = _cache_control(ttl)
     return {"role": message.role, "content": blocks}
@@ -133,16 +181,61 @@ def request_to_params(request: ModelRequest) -> dict[str, Any]:
                 item["cache_control"] = _cache_control(tool.cache)
             tools.append(item)
         params["tools"] = tools
+    params.update(settings_params(request.settings))
     return params
 
 
+def _tool_choice(choice: str) -> dict[str, str]:
+    if choice in ("auto", "any", "none"):
+        return {"type": choice}
+    return {"type": "tool", "name": choice}
+
+
+def settings_params(settings: ModelSettings) -> dict[str, Any]:
+    """The request fields for ``settings`` (sampling options travel in ``extra_body``:
+    the SDK 2.x no longer names them)."""
+    params: dict[str, Any] = {}
+    if settings.thinking_budget is not None:
+        params["thinking"] = {"type": "enabled", "budget_tokens": settings.thinking_budget}
+    if settings.stop_sequences:
+        params["stop_sequences"] = list(settings.stop_sequences)
+    if settings.tool_choice is not None:
+        params["tool_choice"] = _tool_choice(settings.tool_choice)
+    if settings.service_tier is not None:
+        params["service_tier"] = settings.service_tier
+    body: dict[str, Any] = {
+        key: value
+        for key, value in (
+            ("temperature", settings.temperature),
+            ("top_p", settings.top_p),
+            ("top_k", settings.top_k),
+        )
+        if value is not None
+    }
+    body.update(settings.extra_body)
+    if body:
+        params["extra_body"] = body
+    if settings.extra_headers:
+        params["extra_headers"] = dict(settings.extra_headers)
+    return params
+
+
+def _block_from_sdk(block: Any) -> Block:
+    kind = block.type
+    if kind == "text":
+        return TextBlock(text=block.text)
+    if kind == "tool_use":
+        return ToolUseBlock(id=block.id, name=block.name, input=dict(block.input))
+    if kind == "thinking":
+        return ThinkingBlock(thinking=block.thinking, signature=block.signature)
+    if kind == "redacted_thinking":
+        return RedactedThinkingBlock(data=block.data)
+    # server tool blocks and anything newer: kept as sent, and sent back as they came
+    return RawBlock(block=block.to_dict(mode="json"))
+
+
 def _response_from_sdk(message: Any) -> ModelResponse:
-    content: list[Block] = []
-    for block in message.content:
-        if block.type == "text":
-            content.append(TextBlock(text=block.text))
-        elif block.type == "tool_use":
-            content.append(ToolUseBlock(id=block.id, name=block.name, input=dict(block.input)))
+    content = [_block_from_sdk(block) for block in message.content]
     usage = message.usage
     creation = getattr(usage, "cache_creation", None)
     return ModelResponse(
@@ -153,6 +246,7 @@ def _response_from_sdk(message: Any) -> ModelResponse:
         usage=Usage(
             input_tokens=usage.input_tokens or 0,
             output_tokens=usage.output_tokens or 0,
+            thinking_tokens=_thinking_tokens(usage),
             cache_read_input_tokens=usage.cache_read_input_tokens or 0,
             cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
             cache_creation_5m_input_tokens=(
@@ -163,6 +257,11 @@ def _response_from_sdk(message: Any) -> ModelResponse:
             ),
         ),
     )
+
+
+def _thinking_tokens(usage: Any) -> int:
+    details = getattr(usage, "output_tokens_details", None)
+    return int(getattr(details, "thinking_tokens", 0) or 0) if details is not None else 0
 
 
 def _retry_after(response: Any) -> float | None:

@@ -337,6 +337,7 @@ class AgentRun:
             tools=self.tools,
             messages=tuple(self.context),
             max_tokens=self.agent.max_tokens,
+            settings=self.agent.model_settings,
         )
         return self.with_breakpoints(request)
 

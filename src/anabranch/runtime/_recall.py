@@ -17,7 +17,17 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from anabranch.agents import Agent
-from anabranch.messages import Message, TextBlock, ToolDefinition, ToolUseBlock
+from anabranch.context._content import attachment_note
+from anabranch.messages import (
+    Document,
+    Image,
+    Message,
+    TextBlock,
+    ThinkingBlock,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from anabranch.runtime._builtins import ToolOutcome
 
 if TYPE_CHECKING:
@@ -65,9 +75,14 @@ def _render(message: Message) -> str:
             parts.append(block.text)
         elif isinstance(block, ToolUseBlock):
             parts.append(f"[tool call {block.name} id={block.id}] {json.dumps(block.input)}")
-        else:
+        elif isinstance(block, ToolResultBlock):
             error = " error" if block.is_error else ""
             parts.append(f"[tool result id={block.tool_use_id}{error}]\n{block.content}")
+            parts.extend(attachment_note(a) for a in block.attachments)
+        elif isinstance(block, Image | Document):
+            parts.append(attachment_note(block))
+        elif isinstance(block, ThinkingBlock):
+            parts.append(f"[thinking] {block.thinking}")
     return "\n".join(parts)
 
 

@@ -13,6 +13,8 @@ from anabranch.testing._policies import ScriptedPolicy as ScriptedPolicy
 from anabranch.testing._policies import ScriptExhaustedError as ScriptExhaustedError
 from anabranch.testing._records import RequestRecord as RequestRecord
 from anabranch.testing._server import MessagesServer as MessagesServer
+from anabranch.testing._signing import redacted_block as redacted_block
+from anabranch.testing._signing import thinking_block as thinking_block
 
 __all__ = [
     "Fault",
@@ -26,4 +28,6 @@ __all__ = [
     "ScriptedPolicy",
     "TestModel",
     "arguments_for_schema",
+    "redacted_block",
+    "thinking_block",
 ]

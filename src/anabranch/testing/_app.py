@@ -295,11 +295,15 @@ class MessagesApp:
         response = fit_to_max_tokens(response, request.max_tokens)
         output = response.usage.output_tokens or output_tokens(response.content)
         output = min(output, request.max_tokens)
+        thinking = tuple(b for b in response.content if b.type in ("thinking", "redacted_thinking"))
+        thought = response.usage.thinking_tokens or (output_tokens(thinking) if thinking else 0)
         return response.model_copy(
             update={
                 "id": _new_id("msg"),
                 "model": request.model,
-                "usage": usage.model_copy(update={"output_tokens": output}),
+                "usage": usage.model_copy(
+                    update={"output_tokens": output, "thinking_tokens": min(thought, output)}
+                ),
             }
         )
 

@@ -15,12 +15,15 @@ from anabranch.messages import (
     Message,
     ModelRequest,
     ModelResponse,
+    RedactedThinkingBlock,
     TextBlock,
+    ThinkingBlock,
     ToolDefinition,
     ToolUseBlock,
     Usage,
     canonical_json,
 )
+from anabranch.testing._signing import redacted_block, thinking_block
 
 __all__ = [
     "FunctionModel",
@@ -46,7 +49,13 @@ def is_summary_request(request: ModelRequest) -> bool:
 def usage_for(request: ModelRequest, content: Sequence[Block]) -> Usage:
     """Deterministic usage from the same estimate the runtime uses (no caching)."""
     output = estimate_messages([Message(role="assistant", content=tuple(content))])
-    return Usage(input_tokens=estimate_request(request), output_tokens=output)
+    thinking = [b for b in content if isinstance(b, ThinkingBlock | RedactedThinkingBlock)]
+    thought = estimate_messages([Message(role="assistant", content=tuple(thinking))])
+    return Usage(
+        input_tokens=estimate_request(request),
+        output_tokens=output,
+        thinking_tokens=thought if thinking else 0,
+    )
 
 
 def response_for(request: ModelRequest, content: Sequence[Block]) -> ModelResponse:
@@ -146,7 +155,9 @@ class TestModel:
     (a user turn asking for ``<summary>``) is answered with an ``<analysis>``/``<summary>``.
     Tool ids carry their round number, so the count survives compaction: a compacted
     context's opening turn is not a new task. Tools in ``skip_tools`` (the built-in
-    ``recall`` and ``forget``, by default) are never called.
+    ``recall`` and ``forget``, by default) are never called. A request with thinking on is
+    answered like the real models do: a signed thinking block first (and, with
+    ``redact_thinking``, a redacted one after it), then the text or tool calls.
     Deterministic: the same request always gets the same response (so the same agent given
     the same task twice reuses its tool_use ids; different agents never share them).
     """
@@ -159,9 +170,11 @@ class TestModel:
         rounds: int = 1,
         report_chars: int = 240,
         skip_tools: Collection[str] = ("recall", "forget"),
+        redact_thinking: bool = False,
     ) -> None:
         if rounds < 0:
             raise ValueError("rounds must be >= 0")
+        self.redact_thinking = redact_thinking
         self.rounds = rounds
         self.report_chars = report_chars
         self.skip_tools = frozenset(skip_tools)
@@ -169,7 +182,22 @@ class TestModel:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         self.requests.append(request)
-        return response_for(request, self.respond(request))
+        content = self.respond(request)
+        if request.settings.thinking:
+            content = [*self._thinking(request, content), *content]
+        return response_for(request, content)
+
+    def _thinking(self, request: ModelRequest, answer: Sequence[Block]) -> list[Block]:
+        plan = "call " + ", ".join(sorted({b.name for b in answer if isinstance(b, ToolUseBlock)}))
+        text = (
+            f"Turn {len(request.messages)}: the request is "
+            f"{' '.join(self._asked(request.messages).split())[:120]!r}; next I will "
+            f"{plan if plan != 'call ' else 'write the report'}."
+        )
+        blocks: list[Block] = [thinking_block(text)]
+        if self.redact_thinking:
+            blocks.append(redacted_block(f"redacted:{len(request.messages)}"))
+        return blocks
 
     def respond(self, request: ModelRequest) -> list[Block]:
         """The content blocks this model answers ``request`` with."""

@@ -8,7 +8,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from anabranch.context._tokens import estimate_request
-from anabranch.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
+from anabranch.messages import (
+    Message,
+    ModelRequest,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from anabranch.testing._signing import signature_valid
 from anabranch.testing._wire import APIFailure, WireRequest
 
 __all__ = ["MAX_BREAKPOINTS", "validate"]
@@ -121,6 +130,88 @@ def _check_pairing(messages: Sequence[Message]) -> None:
             seen.add(block.tool_use_id)
 
 
+_THINKING_DOCS = "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
+
+
+def _check_settings(request: ModelRequest, *, count_tokens: bool) -> None:
+    """The rules between thinking, sampling and tool choice."""
+    settings = request.settings
+    budget = settings.thinking_budget
+    if budget is None:
+        return
+    if not count_tokens and request.max_tokens <= budget:
+        raise _invalid(
+            "`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our "
+            f"documentation at {_THINKING_DOCS}#max-tokens-and-context-window-size"
+        )
+    considerations = f"{_THINKING_DOCS}#important-considerations-when-using-extended-thinking"
+    if settings.temperature is not None and settings.temperature != 1.0:
+        raise _invalid(
+            "`temperature` may only be set to 1 when thinking is enabled. Please consult "
+            f"our documentation at {considerations}"
+        )
+    if settings.top_k is not None:
+        raise _invalid(
+            "`top_k` must be unset when thinking is enabled. Please consult our "
+            f"documentation at {considerations}"
+        )
+    if settings.top_p is not None and settings.top_p < 0.95:
+        raise _invalid(
+            "`top_p` must be greater than or equal to 0.95 or unset when thinking is "
+            f"enabled. Please consult our documentation at {considerations}"
+        )
+    if settings.forces_tool_use:
+        raise _invalid("Thinking may not be enabled when tool_choice forces tool use.")
+
+
+def _check_thinking(request: ModelRequest) -> None:
+    """Thinking blocks come back unchanged; with thinking on, the last assistant turn of a
+    tool loop starts with its thinking; with it off, the final turn carries none."""
+    messages = request.messages
+    for i, message in enumerate(messages):
+        for j, block in enumerate(message.content):
+            if not isinstance(block, ThinkingBlock | RedactedThinkingBlock):
+                continue
+            if message.role != "assistant":
+                raise _invalid(
+                    f"messages.{i}.content.{j}: `{block.type}` blocks can only be in "
+                    "`assistant` messages"
+                )
+            if not signature_valid(block):
+                field = "signature" if isinstance(block, ThinkingBlock) else "data"
+                raise _invalid(
+                    f"messages.{i}.content.{j}: Invalid `{field}` in `{block.type}` block"
+                )
+    last = len(messages) - 1
+    if not request.settings.thinking:
+        final = messages[last] if messages else None
+        if final is not None and final.role == "assistant" and final.thinking_blocks:
+            j = next(
+                k
+                for k, b in enumerate(final.content)
+                if b.type in ("thinking", "redacted_thinking")
+            )
+            raise _invalid(
+                f"messages.{last}.content.{j}: When thinking is disabled, an `assistant` "
+                "message in the final position cannot contain `thinking`. To use thinking "
+                "blocks, enable `thinking` in your request."
+            )
+        return
+    index = next((k for k in range(last, -1, -1) if messages[k].role == "assistant"), None)
+    if index is None or not messages[index].tool_uses:
+        return
+    first = messages[index].content[0]
+    if first.type not in ("thinking", "redacted_thinking"):
+        raise _invalid(
+            f"messages.{index}.content.0.type: Expected `thinking` or `redacted_thinking`, "
+            f"but found `{first.type}`. When `thinking` is enabled, a final `assistant` "
+            "message must start with a thinking block (preceeding the lastmost set of "
+            "`tool_use` and `tool_result` blocks). We recommend you include thinking "
+            "blocks from previous turns. To avoid this requirement, disable `thinking`. "
+            f"Please consult our documentation at {_THINKING_DOCS}"
+        )
+
+
 def validate(wire: WireRequest, *, context_limit: int | None) -> None:
     """Raise ``APIFailure`` (400) for the first rule ``wire`` breaks.
 
@@ -133,6 +224,8 @@ def validate(wire: WireRequest, *, context_limit: int | None) -> None:
     _check_content(messages)
     _check_unique_ids(messages)
     _check_pairing(messages)
+    _check_settings(request, count_tokens=context_limit is None)
+    _check_thinking(request)
     names = [t.name for t in request.tools]
     if len(set(names)) != len(names):
         raise _invalid("tools: Tool names must be unique.")

@@ -6,6 +6,8 @@ wording (``max_tokens: Field required``, ``...: Extra inputs are not permitted``
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import re
@@ -14,18 +16,26 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
 from anabranch.messages import (
+    IMAGE_MEDIA_TYPES,
+    Attachment,
     Block,
     CacheTTL,
+    Document,
+    Image,
     Message,
     ModelRequest,
     ModelResponse,
+    ModelSettings,
+    RedactedThinkingBlock,
     SystemBlock,
     TextBlock,
+    ThinkingBlock,
     ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
     canonical_json,
+    sniff_image_type,
 )
 
 __all__ = [
@@ -152,19 +162,102 @@ def _text(obj: dict[str, Any], path: str) -> str:
     return _str(_required(obj, "text", path), f"{path}.text")
 
 
-def _tool_result_content(value: Any, path: str) -> str:
+def _base64(value: Any, path: str) -> bytes:
+    text = _str(value, path)
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        _fail(path, "Invalid base64 data")
+
+
+def _url(obj: dict[str, Any], path: str) -> str:
+    _no_extra(obj, frozenset({"type", "url"}), path)
+    url = _str(_required(obj, "url", path), f"{path}.url")
+    if not url.startswith(("https://", "http://")):
+        _fail(f"{path}.url", "Input should be a valid URL")
+    return url
+
+
+_IMAGE_TYPES = "'image/jpeg', 'image/png', 'image/gif' or 'image/webp'"
+
+
+def _image(obj: dict[str, Any], path: str) -> Image:
+    _no_extra(obj, frozenset({"type", "source", "cache_control"}), path)
+    source = _dict(_required(obj, "source", path), f"{path}.source")
+    kind = source.get("type")
+    where = f"{path}.source.{kind}"
+    if kind == "url":
+        return Image(url=_url(source, where))
+    if kind != "base64":
+        _fail(f"{path}.source.type", "Input should be 'base64' or 'url'")
+    _no_extra(source, frozenset({"type", "media_type", "data"}), where)
+    media_type = _required(source, "media_type", where)
+    if media_type not in IMAGE_MEDIA_TYPES:
+        _fail(f"{where}.media_type", f"Input should be {_IMAGE_TYPES}")
+    data = _base64(_required(source, "data", where), f"{where}.data")
+    found = sniff_image_type(data)
+    if found is None:
+        _fail(where, "Could not process image")
+    if found != media_type:
+        _fail(
+            where,
+            f"The image was specified using the {media_type} media type, but the image "
+            f"appears to be a {found} image",
+        )
+    return Image(data=data, media_type=media_type)
+
+
+def _document(obj: dict[str, Any], path: str) -> Document:
+    allowed = frozenset({"type", "source", "cache_control", "title", "context", "citations"})
+    _no_extra(obj, allowed, path)
+    title = obj.get("title")
+    context = obj.get("context")
+    extra = {
+        "title": None if title is None else _str(title, f"{path}.title"),
+        "context": None if context is None else _str(context, f"{path}.context"),
+    }
+    source = _dict(_required(obj, "source", path), f"{path}.source")
+    kind = source.get("type")
+    where = f"{path}.source.{kind}"
+    if kind == "url":
+        return Document(url=_url(source, where), **extra)
+    if kind == "text":
+        _no_extra(source, frozenset({"type", "media_type", "data"}), where)
+        if source.get("media_type") != "text/plain":
+            _fail(f"{where}.media_type", "Input should be 'text/plain'")
+        return Document(text=_str(_required(source, "data", where), f"{where}.data"), **extra)
+    if kind != "base64":
+        _fail(f"{path}.source.type", "Input should be 'base64', 'text' or 'url'")
+    _no_extra(source, frozenset({"type", "media_type", "data"}), where)
+    if source.get("media_type") != "application/pdf":
+        _fail(f"{where}.media_type", "Input should be 'application/pdf'")
+    data = _base64(_required(source, "data", where), f"{where}.data")
+    if not data.startswith(b"%PDF-"):
+        _fail(where, "The PDF specified was not valid.")
+    return Document(data=data, **extra)
+
+
+def _tool_result_content(value: Any, path: str) -> tuple[str, tuple[Attachment, ...]]:
+    """A tool result's text and its images and documents (text and blocks may mix)."""
     if value is None:
-        return ""
+        return "", ()
     if isinstance(value, str):
-        return value
-    parts = []
+        return value, ()
+    parts: list[str] = []
+    attachments: list[Attachment] = []
     for k, item in enumerate(_list(value, path)):
         item_path = f"{path}.{k}"
         item = _dict(item, item_path)
-        if item.get("type") != "text":
-            _fail(f"{item_path}.type", _unsupported(item.get("type")))
-        parts.append(_text(item, f"{item_path}.text"))
-    return "".join(parts)
+        kind = item.get("type")
+        if kind == "text":
+            parts.append(_text(item, f"{item_path}.text"))
+        elif kind == "image":
+            attachments.append(_image(item, f"{item_path}.image"))
+        elif kind == "document":
+            attachments.append(_document(item, f"{item_path}.document"))
+        else:
+            _fail(f"{item_path}.type", _unsupported(kind))
+    return "".join(parts), tuple(attachments)
 
 
 def _unsupported(kind: Any) -> str:
@@ -177,6 +270,23 @@ def _block(raw: Any, path: str) -> tuple[Block, CacheTTL | None]:
     tagged = f"{path}.{kind}"
     if kind == "text":
         return TextBlock(text=_text(obj, tagged)), _cache_ttl(obj, tagged)
+    if kind == "thinking":
+        if "cache_control" in obj:
+            _fail(f"{tagged}.cache_control", "Thinking blocks cannot be cached directly")
+        _no_extra(obj, frozenset({"type", "thinking", "signature"}), tagged)
+        thinking = _str(_required(obj, "thinking", tagged), f"{tagged}.thinking")
+        signature = _str(_required(obj, "signature", tagged), f"{tagged}.signature")
+        return ThinkingBlock(thinking=thinking, signature=signature), None
+    if kind == "redacted_thinking":
+        if "cache_control" in obj:
+            _fail(f"{tagged}.cache_control", "Thinking blocks cannot be cached directly")
+        _no_extra(obj, frozenset({"type", "data"}), tagged)
+        data = _str(_required(obj, "data", tagged), f"{tagged}.data")
+        return RedactedThinkingBlock(data=data), None
+    if kind == "image":
+        return _image(obj, tagged), _cache_ttl(obj, tagged)
+    if kind == "document":
+        return _document(obj, tagged), _cache_ttl(obj, tagged)
     if kind == "tool_use":
         _no_extra(obj, frozenset({"type", "id", "name", "input", "cache_control"}), tagged)
         block_id = _str(_required(obj, "id", tagged), f"{tagged}.id")
@@ -190,11 +300,13 @@ def _block(raw: Any, path: str) -> tuple[Block, CacheTTL | None]:
         allowed = frozenset({"type", "tool_use_id", "content", "is_error", "cache_control"})
         _no_extra(obj, allowed, tagged)
         use_id = _str(_required(obj, "tool_use_id", tagged), f"{tagged}.tool_use_id")
-        content = _tool_result_content(obj.get("content"), f"{tagged}.content")
+        content, attachments = _tool_result_content(obj.get("content"), f"{tagged}.content")
         is_error = obj.get("is_error", False)
         if not isinstance(is_error, bool):
             _fail(f"{tagged}.is_error", "Input should be a valid boolean")
-        result = ToolResultBlock(tool_use_id=use_id, content=content, is_error=is_error)
+        result = ToolResultBlock(
+            tool_use_id=use_id, content=content, is_error=is_error, attachments=attachments
+        )
         return result, _cache_ttl(obj, tagged)
     if kind is None:
         _fail(f"{path}.type", "Field required")
@@ -277,6 +389,73 @@ def _tools(raw: Any, marks: dict[BlockRef, CacheTTL]) -> tuple[ToolDefinition, .
     return tuple(tools)
 
 
+def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        _fail(key, "Input should be a valid number")
+    if not low <= value <= high:
+        _fail(key, f"Input should be between {low:g} and {high:g}")
+    return float(value)
+
+
+def _thinking(raw: Any) -> int | None:
+    if raw is None:
+        return None
+    obj = _dict(raw, "thinking")
+    kind = obj.get("type")
+    if kind == "disabled":
+        _no_extra(obj, frozenset({"type"}), "thinking.disabled")
+        return None
+    if kind != "enabled":
+        _fail("thinking.type", "Input should be 'enabled' or 'disabled'")
+    _no_extra(obj, frozenset({"type", "budget_tokens", "display"}), "thinking.enabled")
+    budget = _required(obj, "budget_tokens", "thinking.enabled")
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        _fail("thinking.enabled.budget_tokens", "Input should be a valid integer")
+    if budget < 1024:
+        _fail("thinking.enabled.budget_tokens", "Input should be greater than or equal to 1024")
+    return budget
+
+
+def _tool_choice(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    obj = _dict(raw, "tool_choice")
+    kind = obj.get("type")
+    if kind in ("auto", "any", "none"):
+        _no_extra(obj, frozenset({"type", "disable_parallel_tool_use"}), f"tool_choice.{kind}")
+        return str(kind)
+    if kind == "tool":
+        _no_extra(obj, frozenset({"type", "name", "disable_parallel_tool_use"}), "tool_choice.tool")
+        return _str(_required(obj, "name", "tool_choice.tool"), "tool_choice.tool.name")
+    _fail("tool_choice.type", "Input should be 'auto', 'any', 'tool' or 'none'")
+
+
+def _settings(body: dict[str, Any]) -> ModelSettings:
+    """The request's sampling, thinking and tool-choice options (shape-checked only: the
+    rules between them are ``validate``'s)."""
+    top_k = body.get("top_k")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool)):
+        _fail("top_k", "Input should be a valid integer")
+    stops = body.get("stop_sequences") or []
+    tier = body.get("service_tier")
+    if tier is not None and tier not in ("auto", "standard_only"):
+        _fail("service_tier", "Input should be 'auto' or 'standard_only'")
+    fields: dict[str, Any] = {
+        "thinking_budget": _thinking(body.get("thinking")),
+        "temperature": _number(body, "temperature", 0.0, 1.0),
+        "top_p": _number(body, "top_p", 0.0, 1.0),
+        "top_k": top_k,
+        "stop_sequences": tuple(_str(x, "stop_sequences") for x in _list(stops, "stop_sequences")),
+        "tool_choice": _tool_choice(body.get("tool_choice")),
+        "service_tier": tier,
+    }
+    # built unchecked: a combination the API refuses is reported by ``validate``
+    return ModelSettings.model_construct(**fields)
+
+
 def parse_body(raw: bytes, *, count_tokens: bool = False) -> WireRequest:
     """Parse a ``/v1/messages`` (or ``/count_tokens``) body; raise ``APIFailure`` on bad shape."""
     try:
@@ -320,7 +499,7 @@ def parse_body(raw: bytes, *, count_tokens: bool = False) -> WireRequest:
         messages=messages,
         max_tokens=max_tokens,
         message_breakpoints=breakpoints,
-    )
+    ).model_copy(update={"settings": _settings(body)})  # unchecked: ``validate`` reports
     salt = canonical_json([body.get("tool_choice"), body.get("thinking")])
     return WireRequest(
         request=request, stream=stream, cache_marks=marks, breakpoint_count=count, salt=salt
@@ -332,7 +511,7 @@ def parse_body(raw: bytes, *, count_tokens: bool = False) -> WireRequest:
 
 def usage_json(usage: Usage) -> dict[str, Any]:
     """The API's ``usage`` object."""
-    return {
+    payload: dict[str, Any] = {
         "input_tokens": usage.input_tokens,
         "cache_creation_input_tokens": usage.cache_creation_input_tokens,
         "cache_read_input_tokens": usage.cache_read_input_tokens,
@@ -343,6 +522,9 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "output_tokens": usage.output_tokens,
         "service_tier": "standard",
     }
+    if usage.thinking_tokens:
+        payload["output_tokens_details"] = {"thinking_tokens": usage.thinking_tokens}
+    return payload
 
 
 def _block_json(block: Block) -> dict[str, Any]:
@@ -350,7 +532,11 @@ def _block_json(block: Block) -> dict[str, Any]:
         return {"type": "text", "text": block.text}
     if isinstance(block, ToolUseBlock):
         return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
-    raise ValueError("a model response cannot contain tool_result blocks")
+    if isinstance(block, ThinkingBlock):
+        return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
+    if isinstance(block, RedactedThinkingBlock):
+        return {"type": "redacted_thinking", "data": block.data}
+    raise ValueError(f"a model response cannot contain {block.type} blocks")
 
 
 def message_json(response: ModelResponse) -> dict[str, Any]:
@@ -409,8 +595,15 @@ def stream_events(response: ModelResponse) -> list[dict[str, Any]]:
                 {"type": "input_json_delta", "partial_json": p}
                 for p in ["", *_pieces(json.dumps(block.input))]
             ]
+        elif isinstance(block, ThinkingBlock):
+            opening = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [{"type": "thinking_delta", "thinking": p} for p in _pieces(block.thinking)]
+            deltas.append({"type": "signature_delta", "signature": block.signature})
+        elif isinstance(block, RedactedThinkingBlock):
+            opening = {"type": "redacted_thinking", "data": block.data}
+            deltas = []
         else:
-            raise ValueError("a model response cannot contain tool_result blocks")
+            raise ValueError(f"a model response cannot contain {block.type} blocks")
         events.append({"type": "content_block_start", "index": index, "content_block": opening})
         events.extend({"type": "content_block_delta", "index": index, "delta": d} for d in deltas)
         events.append({"type": "content_block_stop", "index": index})
