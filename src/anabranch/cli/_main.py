@@ -17,6 +17,7 @@ import pydantic
 from anabranch.agents import Agent, Graph
 from anabranch.cli import _compaction, _memory, _testing, _ui
 from anabranch.cli._common import CliError, Handler, add_command
+from anabranch.cli._progress import add_progress_arguments, event_printer
 from anabranch.context._pricing import Cost, PriceTable
 from anabranch.errors import AnabranchError, UserError
 from anabranch.messages import SystemBlock, ToolDefinition
@@ -79,20 +80,28 @@ async def cmd_run(args: argparse.Namespace) -> int:
         if args.task:
             raise CliError(f"{args.target} is a Graph: its tasks carry their prompts; drop TASK")
         async with Runtime(
-            db=args.db, model=_model(args, source), tracer_provider=args.tracer_provider
+            db=args.db,
+            model=_model(args, source),
+            tracer_provider=args.tracer_provider,
+            on_event=event_printer(args),
         ) as rt:
             graph_result = await rt.run_graph(definition, source=source, on_session=announce)
-        print(graph_result.output)
+        if not args.events:
+            print(graph_result.output)
         if graph_result.status != "done":
             raise CliError(f"graph {definition.name} failed: {graph_result.error}")
         return 0
     if not args.task:
         raise CliError(f"{args.target} is an Agent: give it a TASK")
     async with Runtime(
-        db=args.db, model=_model(args, source), tracer_provider=args.tracer_provider
+        db=args.db,
+        model=_model(args, source),
+        tracer_provider=args.tracer_provider,
+        on_event=event_printer(args),
     ) as rt:
         result = await rt.run(definition, args.task, source=source, on_session=announce)
-    print(result.output)
+    if not args.events:
+        print(result.output)
     return 0
 
 
@@ -107,7 +116,12 @@ async def _session_source(db: str, session_id: str) -> str | None:
 
 async def cmd_resume(args: argparse.Namespace) -> int:
     source = await _session_source(args.db, args.session_id) if args.offline else None
-    rt = Runtime(db=args.db, model=_model(args, source), tracer_provider=args.tracer_provider)
+    rt = Runtime(
+        db=args.db,
+        model=_model(args, source),
+        tracer_provider=args.tracer_provider,
+        on_event=event_printer(args),
+    )
     await rt.open(create=False)
     try:
         result = await rt.resume(args.session_id)
@@ -115,7 +129,8 @@ async def cmd_resume(args: argparse.Namespace) -> int:
         await rt.aclose()
     if result.status != "done":
         raise CliError(f"session {result.session_id} failed: {result.error}")
-    print(result.output)
+    if not args.events:
+        print(result.output)
     return 0
 
 
@@ -292,11 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("target", metavar="FILE:OBJ", help="Python file and the Agent or Graph in it")
     run.add_argument("task", nargs="?", help="The task text (an Agent needs one; a Graph none)")
     run.add_argument("--offline", action="store_true", help="Use the built-in TestModel")
+    add_progress_arguments(run)
     add_trace_arguments(run)
 
     resume = add_command(commands, "resume", cmd_resume, "Continue a session by its id.")
     resume.add_argument("session_id", metavar="ID")
     resume.add_argument("--offline", action="store_true", help="Use the built-in TestModel")
+    add_progress_arguments(resume)
     add_trace_arguments(resume)
 
     sessions = add_command(commands, "sessions", cmd_sessions, "List sessions, newest first.")

@@ -36,6 +36,7 @@ from anabranch.messages import (
     ToolUseBlock,
     Usage,
 )
+from anabranch.models._base import DeltaSink
 
 __all__ = ["AnthropicModel", "block_param", "request_to_params", "settings_params"]
 
@@ -72,6 +73,19 @@ class AnthropicModel:
         params = request_to_params(request)
         with _map_errors():
             async with self._client.messages.stream(**params) as stream:
+                final = await stream.get_final_message()
+        return _response_from_sdk(final)
+
+    async def request_streaming(self, request: ModelRequest, on_delta: DeltaSink) -> ModelResponse:
+        """``request``, handing each text and thinking delta to ``on_delta`` as it arrives."""
+        params = request_to_params(request)
+        with _map_errors():
+            async with self._client.messages.stream(**params) as stream:
+                async for event in stream:
+                    if event.type == "text":
+                        on_delta("text", event.text)
+                    elif event.type == "thinking":
+                        on_delta("thinking", event.thinking)
                 final = await stream.get_final_message()
         return _response_from_sdk(final)
 

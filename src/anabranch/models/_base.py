@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Literal, Protocol, runtime_checkable
 
 from anabranch.messages import ModelRequest, ModelResponse
 
-__all__ = ["Model"]
+__all__ = ["DeltaSink", "Model", "StreamingModel"]
+
+DeltaSink = Callable[[Literal["text", "thinking"], str], None]
+"""Receives each piece of text or thinking as the model produces it."""
 
 
 @runtime_checkable
@@ -18,3 +22,16 @@ class Model(Protocol):
     """
 
     async def request(self, request: ModelRequest) -> ModelResponse: ...
+
+
+@runtime_checkable
+class StreamingModel(Protocol):
+    """A model that can also report its output as it arrives (optional).
+
+    The runtime uses ``request_streaming`` only while someone listens to events; the
+    response it returns is the same complete one ``request`` would return.
+    """
+
+    async def request_streaming(
+        self, request: ModelRequest, on_delta: DeltaSink
+    ) -> ModelResponse: ...

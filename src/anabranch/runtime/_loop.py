@@ -20,11 +20,12 @@ import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
 
+from anabranch import events as ev
 from anabranch.agents import Agent
 from anabranch.context._cache import place_breakpoints, system_digest, tools_digest
 from anabranch.context._prompt import SubagentInfo, assemble_system
@@ -42,13 +43,15 @@ from anabranch.messages import (
     canonical_json,
     messages_from_json,
 )
-from anabranch.models._base import Model
+from anabranch.models._base import Model, StreamingModel
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime._bootstrap import prompt_inputs
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
 from anabranch.runtime._cache_watch import check_cache_break
+from anabranch.runtime._events import EventBus
 from anabranch.runtime._memory import attach_relevant_memories
 from anabranch.runtime._pipeline import ContextPipeline
+from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._tool_exec import run_user_tool
 from anabranch.store import (
     CallRecord,
@@ -87,6 +90,16 @@ def _message_from_record(record: MessageRecord) -> Message:
     )
 
 
+def _exchange_turns(context: Sequence[Message]) -> int | None:
+    """Assistant turns since the latest user message sent into a conversation (a text
+    turn after the first message, not tool results); None before any such message."""
+    for index in range(len(context) - 1, 0, -1):
+        message = context[index]
+        if message.role == "user" and not message.tool_results and message.text:
+            return sum(1 for m in context[index + 1 :] if m.role == "assistant")
+    return None
+
+
 @dataclass
 class Environment:
     """What every run of one session shares."""
@@ -100,6 +113,7 @@ class Environment:
     builtins: tuple[BuiltinTool, ...] = ()
     extras: dict[str, Any] = field(default_factory=dict)
     """Room for cooperating features (e.g. a concurrency limiter for children)."""
+    events: EventBus = field(default_factory=EventBus)
 
 
 class AgentRun:
@@ -115,11 +129,14 @@ class AgentRun:
         self.context: list[Message] = []
         self.next_seq = 0
         self.turns = 0
+        self.turn_base = 0
+        """Turns done before this exchange of a conversation (``max_turns`` counts from here)."""
         self.last_usage: Usage | None = None
         self.appended_since_usage: list[Message] = []
         self.compactions = 0
         self._fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None = None
         """Tool calls of the response just committed here, and those marked started with it."""
+        self.events = RunEvents(self)
 
     # ------------------------------------------------------------------ creation
     @property
@@ -206,6 +223,8 @@ class AgentRun:
         calls = [c for c in (last_any, last_ok) if c is not None]
         # a run's successful calls are turns 1..n: the latest one's turn is their count
         run.turns = last_ok.turn if last_ok is not None else 0
+        exchange = _exchange_turns(run.context)
+        run.turn_base = run.turns - exchange if exchange is not None else 0
         run.appended_since_usage = list(run.context)
         run._restore_usage_anchor(calls, records, boundary.created if boundary else None)
         if (
@@ -392,6 +411,17 @@ class AgentRun:
         self.context.extend(messages)
         self.appended_since_usage.extend(messages)
 
+    async def continue_with(self, text: str) -> None:
+        """A conversation's next turn: reopen the finished run with a new user message
+        (committed before anything else happens)."""
+        messages = [Message.user(text)]
+        await self.env.store.continue_run(self.id, self.message_records(messages))
+        self.record = replace(self.record, status="running", output=None, finished=None)
+        self.next_seq += 1
+        self.context.extend(messages)
+        self.appended_since_usage.extend(messages)
+        self.turn_base = self.turns
+
     def replace_context(self, context: list[Message]) -> None:
         """Swap in a compacted context (the caller has committed the boundary)."""
         self.context = context
@@ -426,8 +456,10 @@ class AgentRun:
             ref = tracing.span_ref(span)
             if ref is not None:  # so a resumed run's span can link back to this one
                 await store.add_run_span(self.env.session_id, self.id, ref.trace_id, ref.span_id)
-            with anyio.fail_after(self.agent.timeout):
-                output = await self._loop()
+            with self.events.run_lifecycle():
+                with anyio.fail_after(self.agent.timeout):
+                    output = await self._loop()
+                self.events.run_done(output)
             tracing.agent_output(span, output)
             return output
 
@@ -444,11 +476,12 @@ class AgentRun:
                 output = last.text
                 await self.env.store.finish_run(self.id, "done", output=output)
                 return output
-            if self.turns >= self.agent.max_turns:
+            if self.turns - self.turn_base >= self.agent.max_turns:
                 error = MaxTurnsExceeded(self.agent.name, self.agent.max_turns)
                 await self.env.store.finish_run(self.id, "failed", error=str(error))
                 raise error
-            await self.env.pipeline.before_call(self)
+            async with self.events.compactions():
+                await self.env.pipeline.before_call(self)
             response = await self.call_model()
             self.context.append(response.to_message())
             self.turns += 1
@@ -479,11 +512,18 @@ class AgentRun:
             system=request.system,
             purpose=purpose,
         ) as span:
+            self.events.call_started(request, attempt, purpose)
             try:
-                response = await env.model.request(request)
+                model = env.model
+                if env.events.active and isinstance(model, StreamingModel):
+                    response = await model.request_streaming(request, self.events.delta)
+                else:
+                    response = await model.request(request)
             except ModelError as error:
                 env.tracing.model_error(span, error)
+                self.events.call_failed(attempt, purpose, error)
                 raise
+            self.events.call_finished(attempt, purpose, response)
             env.tracing.model_response(
                 span,
                 response_id=response.id,
@@ -502,6 +542,13 @@ class AgentRun:
             return None
         delay = self.env.retry.delay(attempt, error)
         self.env.tracing.retry_scheduled(error, delay, attempt)
+        self.events.emit(
+            ev.Retry,
+            attempt=attempt,
+            error=str(error),
+            error_type=type(error).__name__,
+            delay=delay,
+        )
         return delay
 
     async def call_model(self) -> ModelResponse:
@@ -562,7 +609,11 @@ class AgentRun:
                 )
                 if isinstance(error, PromptTooLongError):
                     too_long_attempts += 1
-                    if await env.pipeline.on_prompt_too_long(self, error, too_long_attempts):
+                    async with self.events.compactions():
+                        retry = await env.pipeline.on_prompt_too_long(
+                            self, error, too_long_attempts
+                        )
+                    if retry:
                         attempt = 0
                         continue
                     raise
@@ -574,7 +625,14 @@ class AgentRun:
     async def after_response(self, call_id: int, response: ModelResponse) -> None:
         """Records a cache break if this call read less cache than it could; then runs the
         ``after_response`` hook of cooperating features, if any."""
-        await check_cache_break(self, call_id, response)
+        found = await check_cache_break(self, call_id, response)
+        if found is not None:
+            self.events.emit(
+                ev.CacheBreakEvent,
+                cause=found.cause,
+                expected_read=found.expected_read,
+                actual_read=found.actual_read,
+            )
         hook = self.env.extras.get("after_response")
         if hook is not None:
             await hook(self, call_id, response)
@@ -602,11 +660,19 @@ class AgentRun:
         todo = [use for use in uses if use.id not in finished]
 
         async def run_one(use: ToolUseBlock) -> None:
+            self.events.emit(ev.ToolCallStarted, call_id=use.id, tool=use.name, arguments=use.input)
             outcome = await self._run_tool(
                 use, interrupted=use.id in started, marked=use.id in marked
             )
             await self.env.store.record_tool_event(self._finished_event(use, outcome))
             outcomes[use.id] = outcome
+            self.events.emit(
+                ev.ToolCallFinished,
+                call_id=use.id,
+                tool=use.name,
+                is_error=outcome.is_error,
+                chars=len(outcome.content),
+            )
 
         if len(todo) == 1:
             await run_one(todo[0])

@@ -8,6 +8,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +29,8 @@ from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.runtime._compactor import CompactingPipeline
+from anabranch.runtime._event_stream import EventStream, SessionAnnouncer, open_stream
+from anabranch.runtime._events import EventBus, EventCallback
 from anabranch.runtime._graph import resume_graph, run_graph
 from anabranch.runtime._loader import load_object
 from anabranch.runtime._loop import AgentRun, Environment, new_id
@@ -85,6 +88,10 @@ class Runtime:
         agents: definitions this runtime can resume by name without being given them.
         graphs: graphs this runtime can resume by name.
         spawn_limits: sub-agent limits (depth, concurrent children, report share).
+        on_event: called with every event (``anabranch.events``) of every session this
+            runtime drives, in order, from a task of its own: a slow callback never slows
+            the run (its deltas are merged while it lags); ``run`` returns once it has
+            seen the session's ``session_finished``. May be async.
     """
 
     def __init__(
@@ -103,6 +110,7 @@ class Runtime:
         lease_ttl: float = 30.0,
         graphs: Sequence[Graph] = (),
         spawn_limits: SpawnLimits | None = None,
+        on_event: EventCallback | None = None,
     ) -> None:
         self.db_path = Path(db if db is not None else os.environ.get("ANABRANCH_DB", DEFAULT_DB))
         self._model = model
@@ -119,6 +127,11 @@ class Runtime:
         self._store: Store | None = None
         self._owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._driving: set[str] = set()
+        self.events = EventBus()
+        """Every event of the sessions this runtime drives (see ``stream``)."""
+        if on_event is not None and not callable(on_event):
+            raise UserError("on_event must be a function taking one event")
+        self.on_event = on_event
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Runtime:
@@ -167,6 +180,7 @@ class Runtime:
             pipeline=self.pipeline,
             builtins=self.builtins,
             extras={"runtime": self, "spawn_limits": self.spawn_limits},
+            events=self.events,
         )
 
     def register(self, *definitions: Agent | Graph) -> None:
@@ -243,7 +257,49 @@ class Runtime:
             root = await AgentRun.start(env, agent, task)
             return await root.drive()
 
-        return await self._drive_session(session_id, agent.name, start_and_drive)
+        return await self._drive_session(session_id, agent.name, start_and_drive, task=task)
+
+    def stream(
+        self,
+        agent: Agent | None = None,
+        task: str | None = None,
+        *,
+        session_id: str | None = None,
+        message: str | None = None,
+        source: str | None = None,
+    ) -> AbstractAsyncContextManager[EventStream]:
+        """Run ``agent`` on ``task`` (or send ``message`` to ``session_id``) and stream
+        its events: ``async with rt.stream(agent, task) as events: async for e in events``.
+
+        Sub-agents' events come through the same stream. Iteration ends after
+        ``session_finished``; then ``events.result`` holds the ``RunResult``, and a failure
+        of the run is raised from the ``async for``. Leaving the block early cancels the
+        run (the session stays resumable).
+        """
+        if agent is not None or task is not None:
+            if session_id is not None or message is not None:
+                raise UserError("stream() takes either (agent, task) or (session_id=, message=)")
+            if not isinstance(agent, Agent):
+                raise UserError(f"stream() needs an Agent, got {type(agent).__name__}")
+            chosen_agent, chosen_task = agent, task
+
+            async def drive(on_session: Callable[[str], None]) -> RunResult:
+                if not isinstance(chosen_task, str) or not chosen_task.strip():
+                    raise UserError("the task must be a non-empty string")
+                return await self.run(
+                    chosen_agent, chosen_task, source=source, on_session=on_session
+                )
+
+            return open_stream(self.events, drive)
+        if session_id is None or message is None:
+            raise UserError("stream() takes either (agent, task) or (session_id=, message=)")
+        known_session, text = session_id, message
+
+        async def send(on_session: Callable[[str], None]) -> RunResult:
+            on_session(known_session)
+            return await self.send(known_session, text)
+
+        return open_stream(self.events, send)
 
     async def run_graph(
         self,
@@ -294,7 +350,47 @@ class Runtime:
                 run = await AgentRun.load(env, root_agent, root)
             return await run.drive()
 
-        return await self._drive_session(session_id, root_agent.name, load_and_drive)
+        return await self._drive_session(
+            session_id, root_agent.name, load_and_drive, task=session.task, resumed=True
+        )
+
+    async def send(self, session_id: str, message: str, agent: Agent | None = None) -> RunResult:
+        """Continue a finished session's conversation: ``message`` becomes the root
+        agent's next user turn, in the same context (compaction, snapshot and the
+        write-ahead log apply as to any turn). Returns this turn's answer.
+
+        Raises:
+            SessionNotFoundError: no such session.
+            UserError: not an agent session, or its last turn is unfinished (resume it)
+                or failed.
+        """
+        if not isinstance(message, str) or not message.strip():
+            raise UserError("the message must be a non-empty string")
+        session = await self.store.get_session(session_id)
+        if session is None:
+            raise SessionNotFoundError(session_id)
+        if session.kind != "agent":
+            raise UserError(f"session {session_id} is a {session.kind} session, not an agent's")
+        root_agent = self.resolve_agent(session, agent)
+        root = await self._root_run(session_id)
+        if root is None or root.status == "running":
+            raise UserError(
+                f"session {session_id} has an unfinished turn: resume it first "
+                f"(anabranch resume {session_id})"
+            )
+        if root.status != "done":
+            raise UserError(f"session {session_id} failed ({root.error}); it cannot continue")
+        env = self.environment(session_id)
+        finished_root = root
+
+        async def continue_and_drive() -> str:
+            run = await AgentRun.load(env, root_agent, finished_root)
+            await run.continue_with(message)
+            return await run.drive()
+
+        return await self._drive_session(
+            session_id, root_agent.name, continue_and_drive, task=message
+        )
 
     _resumers: dict[str, Callable[..., Any]] = {"graph": resume_graph}
     """Resume functions for other session kinds (e.g. graphs), by kind."""
@@ -362,6 +458,26 @@ class Runtime:
         )
 
     async def _drive_session(
+        self,
+        session_id: str,
+        agent_name: str,
+        drive: Callable[[], Any],
+        *,
+        task: str = "",
+        resumed: bool = False,
+    ) -> RunResult:
+        """Drive one session under its lease, announcing it on the event bus."""
+        async with SessionAnnouncer(self.events, session_id, self.on_event) as announcer:
+            announcer.started(task, resumed=resumed)
+            try:
+                result = await self._drive_leased(session_id, agent_name, drive)
+            except BaseException as error:
+                announcer.failed(error)
+                raise
+            announcer.finished(result)
+            return result
+
+    async def _drive_leased(
         self, session_id: str, agent_name: str, drive: Callable[[], Any]
     ) -> RunResult:
         store = self.store

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from anabranch import events as ev
 from anabranch.agents import Agent
 from anabranch.messages import (
     Message,
@@ -188,9 +189,25 @@ class SpawnTool:
         state.active += 1
         try:
             child = await self._open_child(run, call, role, args, existing, cap)
+            run.events.emit(
+                ev.ChildSpawned,
+                child_run_id=child.id,
+                child_agent=child.agent.name,
+                call_id=call.id,
+                mode=args.mode,
+            )
             outcome = await drive_to_outcome(child)
         finally:
             state.active -= 1
+        run.events.emit(
+            ev.ChildReported,
+            child_run_id=outcome.run_id,
+            child_agent=role.name,
+            call_id=call.id,
+            status=outcome.status,
+            chars=len(outcome.output),
+            error=outcome.error,
+        )
         return await self._tool_result(run, call, role, outcome, cap)
 
     def _refusal(self, run: AgentRun, role: Agent, state: _SessionSpawns) -> str | None:

@@ -90,6 +90,11 @@ class Store(Protocol):
         """Commit messages in one transaction."""
         ...
 
+    async def continue_run(self, run_id: str, messages: Sequence[MessageRecord]) -> None:
+        """Reopen a finished run (its status is ``running`` again) and append ``messages``,
+        atomically: a conversation's next turn."""
+        ...
+
     async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
         """Commit pending messages and the call row together, before the request is sent."""
         ...

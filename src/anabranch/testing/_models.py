@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 SUMMARY_TAG = "<summary>"
+_SUMMARY_WRAPPER = "<summary_of_earlier_conversation>"
 _ROUND_ID = re.compile(r"^toolu_[0-9a-f]{20}r(\d+)$")
 _ASKED = re.compile(r"^User asked: (.*)$", re.MULTILINE)
 
@@ -255,14 +256,30 @@ class TestModel:
         return blocks
 
     @staticmethod
-    def _asked(messages: Sequence[Message]) -> str:
-        """The original request, also through a compacted context's opening turn."""
-        first = next((m for m in messages if m.role == "user" and m.text), None)
+    def _question_index(messages: Sequence[Message]) -> int:
+        """Where the latest question starts: a conversation's latest user text turn, or
+        the first user turn (also a compacted context's opening summary)."""
+        for index in range(len(messages) - 1, 0, -1):
+            message = messages[index]
+            if message.role == "user" and message.text and not message.tool_results:
+                if not is_compaction_message(message):
+                    return index
+        return 0
+
+    @classmethod
+    def _asked(cls, messages: Sequence[Message]) -> str:
+        """The latest request, also through a compacted context's opening turn."""
+        start = cls._question_index(messages)
+        first = next((m for m in messages[start:] if m.role == "user" and m.text), None)
         if first is None:
             return ""
         if not is_compaction_message(first):
             return first.text
-        body = "\n".join(b.text for b in first.content[1:] if isinstance(b, TextBlock))
+        texts = [b.text for b in first.content[1:] if isinstance(b, TextBlock)]
+        carried = [t for t in texts[1:] if not t.startswith(_SUMMARY_WRAPPER)]
+        if carried:  # a conversation's turn kept with the opening: the latest question
+            return carried[-1]
+        body = "\n".join(texts)
         match = _ASKED.search(body)
         return match.group(1) if match else body.strip()
 
@@ -270,7 +287,7 @@ class TestModel:
         task = self._asked(messages)
         lines = [f"Report on: {task[: self.report_chars]}"]
         names = {b.id: b.name for m in messages for b in m.tool_uses}
-        for message in messages:
+        for message in messages[self._question_index(messages) :]:
             for result in message.tool_results:
                 status = "error" if result.is_error else "ok"
                 snippet = " ".join(result.content.split())[: self.report_chars]

@@ -50,6 +50,17 @@ class SQLiteHistory:
         if values:
             await self._sql.write(write)
 
+    async def continue_run(self, run_id: str, messages: Sequence[MessageRecord]) -> None:
+        """Reopen a finished run and append ``messages`` to it, in one transaction."""
+        values = [message_row(m) for m in messages]
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM run_ends WHERE run_id = ?", (run_id,))
+            for value in values:
+                insert(conn, "messages", value)
+
+        await self._sql.write(write)
+
     async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
         """Commit pending messages and the call row together, before the request is sent."""
         values = [message_row(m) for m in messages]

@@ -1,0 +1,194 @@
+"""``RunEvents``: what one agent run tells the event bus (nothing when nobody listens).
+
+The loop calls these at its emission points; each builds a typed event with the run's
+identity (session, run, agent, parent run) and publishes it without waiting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from anabranch import events as ev
+from anabranch.context._pricing import PriceTable
+from anabranch.errors import ModelError
+from anabranch.messages import ModelRequest, ModelResponse
+
+if TYPE_CHECKING:
+    from anabranch.runtime._loop import AgentRun
+
+__all__ = ["RunEvents", "run_status_for"]
+
+_PRICES = PriceTable()
+
+COMPACTION_KINDS = ("compaction", "clear")
+
+
+def run_status_for(error: BaseException) -> Literal["failed", "cancelled", "stopped", "waiting"]:
+    """How a run that raised ``error`` stands: ``stopped`` runs are resumable as they are."""
+    if isinstance(error, anyio.get_cancelled_exc_class()):
+        return "cancelled"
+    if isinstance(error, ModelError):
+        return "stopped"
+    return "failed"
+
+
+class RunEvents:
+    """The event side of one ``AgentRun``."""
+
+    def __init__(self, run: AgentRun) -> None:
+        self._run = run
+        self._compaction_announced = False
+
+    @property
+    def active(self) -> bool:
+        return self._run.env.events.active
+
+    def emit(self, event_type: type[ev.Event], **fields: Any) -> None:
+        """Publish one event of this run, if anyone listens."""
+        run = self._run
+        bus = run.env.events
+        if not bus.active:
+            return
+        bus.publish(
+            event_type(
+                session_id=run.env.session_id,
+                run_id=run.id,
+                agent=run.agent.name,
+                parent_run_id=run.record.parent_run_id,
+                time=time.time(),
+                **fields,
+            )
+        )
+
+    def delta(self, kind: Literal["text", "thinking"], text: str) -> None:
+        if text:
+            self.emit(ev.TextDelta if kind == "text" else ev.ThinkingDelta, text=text)
+
+    # ------------------------------------------------------------------ lifecycle
+    @contextmanager
+    def run_lifecycle(self) -> Iterator[None]:
+        """``run_started`` now; ``run_finished`` with the cause if the run raises."""
+        run = self._run
+        if self.active:
+            self.emit(
+                ev.RunStarted,
+                depth=run.record.depth,
+                mode=run.record.mode,
+                turns=run.turns,
+                window=run.agent.context.window,
+                threshold=run.threshold,
+            )
+        try:
+            yield
+        except BaseException as error:
+            self.emit(
+                ev.RunFinished,
+                status=run_status_for(error),
+                error=f"{type(error).__name__}: {error}",
+                turns=run.turns,
+            )
+            raise
+
+    def run_done(self, output: str) -> None:
+        self.emit(ev.RunFinished, status="done", output=output, turns=self._run.turns)
+
+    # ------------------------------------------------------------------ model calls
+    def call_started(self, request: ModelRequest, attempt: int, purpose: str | None) -> None:
+        if not self.active:
+            return
+        run = self._run
+        if purpose == "compaction" and not self._compaction_announced:
+            self._compaction_announced = True
+            self.emit(
+                ev.CompactionStarted,
+                tokens_before=run.context_tokens,
+                messages_before=len(run.context),
+            )
+        self.emit(
+            ev.ModelCallStarted,
+            turn=run.turns + 1,
+            attempt=attempt,
+            purpose=purpose,
+            context_tokens=run.context_tokens if purpose is None else 0,
+            window=run.agent.context.window,
+            threshold=run.threshold,
+        )
+
+    def call_finished(self, attempt: int, purpose: str | None, response: ModelResponse) -> None:
+        if not self.active:
+            return
+        cost = _PRICES.cost(response.model or self._run.agent.model, response.usage)
+        self.emit(
+            ev.ModelCallFinished,
+            turn=self._run.turns + 1,
+            attempt=attempt,
+            purpose=purpose,
+            usage=response.usage,
+            stop_reason=response.stop_reason,
+            cost=cost.total if cost is not None else None,
+        )
+
+    def call_failed(self, attempt: int, purpose: str | None, error: ModelError) -> None:
+        self.emit(
+            ev.ModelCallFinished,
+            turn=self._run.turns + 1,
+            attempt=attempt,
+            purpose=purpose,
+            ok=False,
+            error=f"{type(error).__name__}: {error}",
+        )
+
+    # ------------------------------------------------------------------ compaction
+    @asynccontextmanager
+    async def compactions(self) -> AsyncIterator[None]:
+        """Around a pipeline step: the compactions it committed, as events.
+
+        A summarizing compaction announces ``compaction_started`` when its summarizer
+        call begins; one that needs no model call announces it with its result.
+        """
+        run = self._run
+        if not self.active:
+            yield
+            return
+        started, before = time.time(), run.compactions
+        self._compaction_announced = False
+        try:
+            yield
+        finally:
+            if run.compactions != before or self._compaction_announced:
+                with anyio.CancelScope(shield=True):
+                    await self._report_boundaries(started)
+            self._compaction_announced = False
+
+    async def _report_boundaries(self, since: float) -> None:
+        run = self._run
+        announced = self._compaction_announced
+        boundaries = await run.env.store.list_boundaries(run_id=run.id)
+        for boundary in boundaries:
+            if boundary.created < since or boundary.kind not in COMPACTION_KINDS:
+                continue
+            if not (announced and boundary.kind == "compaction"):
+                self.emit(
+                    ev.CompactionStarted,
+                    tokens_before=boundary.tokens_before or 0,
+                    messages_before=boundary.messages_before or 0,
+                )
+            announced = announced and boundary.kind != "compaction"
+            self.emit(
+                ev.CompactionFinished,
+                boundary_id=boundary.id,
+                boundary_kind=boundary.kind,
+                strategy=boundary.strategy,
+                trigger=boundary.trigger,
+                status=boundary.status,
+                tokens_before=boundary.tokens_before,
+                tokens_after=boundary.tokens_after,
+                messages_before=boundary.messages_before,
+                messages_after=boundary.messages_after,
+                error=boundary.error,
+            )
