@@ -54,8 +54,6 @@ class Memory(BaseModel):
     only inherits read-only from its parent)."""
     children: Literal["read", "none"] = "read"
     """A sub-agent without its own ``memory=`` reads this one read-only, or nothing."""
-    extract_before_compaction: bool = False
-    """Before a compaction, ask the summarizer for durable facts and save them here."""
     retention_days: int | None = Field(None, gt=0)
     """Consolidation prunes memories not updated for this many days (``None``: keep all)."""
     auto_consolidate: bool = False

@@ -347,7 +347,6 @@ def inherit_memory(parent: Agent, child: Agent) -> Agent:
             "index_in_prompt": False,
             "log": False,
             "auto_consolidate": False,
-            "extract_before_compaction": False,
         }
     )
     return child.model_copy(update={"memory": inherited})
