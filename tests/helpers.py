@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+from anabranch.errors import RunFailedError
 from anabranch.messages import Block, ModelRequest, TextBlock, ToolUseBlock
+from anabranch.runtime import RunResult
 
 _ids = itertools.count(1)
 
@@ -27,3 +30,23 @@ def script(*turns: Sequence[Block] | str) -> Callable[[ModelRequest], list[Block
         return [TextBlock(text=turn)] if isinstance(turn, str) else list(turn)
 
     return respond
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def failed_with(result: RunResult, kind: type[E], match: str | None = None) -> E:
+    """Assert that a session ended ``failed`` because of a ``kind`` error (raised in this
+    process): ``raise_for_status()`` raises ``RunFailedError`` chained to it. The error."""
+    assert result.status == "failed", f"the session ended {result.status}: {result.output!r}"
+    try:
+        result.raise_for_status()
+    except RunFailedError as failure:
+        cause = failure.__cause__
+        assert failure.result is result and failure.session_id == result.session_id
+        assert isinstance(cause, kind), f"failed with {cause!r}, not a {kind.__name__}"
+        assert result.error and str(cause) in result.error
+        if match is not None:
+            assert re.search(match, str(cause)), f"{cause} does not match {match!r}"
+        return cause
+    raise AssertionError("raise_for_status() did not raise for a failed session")

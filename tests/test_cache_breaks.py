@@ -19,6 +19,7 @@ from anabranch.runtime._loop import AgentRun
 from anabranch.testing import FunctionModel
 
 from ._cache_support import Action, FakeClock, ScriptedPipeline, agent, compact, tool_loop
+from .helpers import failed_with
 
 pytestmark = pytest.mark.anyio
 
@@ -152,9 +153,8 @@ async def test_break_after_resume_compares_with_the_call_before_the_crash(
     db = tmp_path / "a.db"
     worker = agent()
     async with Runtime(db=db, model=crashing, retry=RetryPolicy(max_attempts=1)) as rt:
-        with pytest.raises(ModelConnectionError) as failure:
-            await rt.run(worker, "task")
-    session_id = failure.value.session_id
+        failure = failed_with(await rt.run(worker, "task"), ModelConnectionError)
+    session_id = failure.session_id
     assert session_id
     clock.advance(3600)
     resumed = tool_loop(3, [SHORT, HIT])

@@ -20,6 +20,7 @@ from anabranch.testing import ManualClock, MessagesServer
 from anabranch.testing._records import RequestRecord
 
 from ._cache_support import Action, FakeClock, ScriptedPipeline, agent, compact, tool_loop
+from .helpers import failed_with
 
 pytestmark = pytest.mark.anyio
 
@@ -94,9 +95,8 @@ async def test_resume_after_bootstrap_change_reads_the_cache(
             pipeline=ScriptedPipeline({3: crash_after_changes}),
             retry=RetryPolicy(max_attempts=1),
         ) as rt:
-            with pytest.raises(ModelError) as failure:
-                await rt.run(worker, "task")
-        session_id = failure.value.session_id
+            failure = failed_with(await rt.run(worker, "task"), ModelError)
+        session_id = failure.session_id
         assert session_id
         async with Runtime(db=db, model=model, agents=[worker]) as rt:
             result = await rt.resume(session_id)

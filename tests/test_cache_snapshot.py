@@ -17,6 +17,7 @@ from anabranch.models._retry import RetryPolicy
 from anabranch.testing import FunctionModel
 
 from ._cache_support import ScriptedPipeline, agent, compact, tool_loop
+from .helpers import failed_with
 
 pytestmark = pytest.mark.anyio
 
@@ -113,9 +114,8 @@ async def test_snapshot_survives_resume_after_files_and_clock_changed(
     first.requests = crashing.requests  # share the call counter with the scripted loop
     db = tmp_path / "a.db"
     async with Runtime(db=db, model=crashing, retry=RetryPolicy(max_attempts=1)) as rt:
-        with pytest.raises(ModelConnectionError) as failure:
-            await rt.run(worker, "task")
-    session_id = failure.value.session_id
+        failure = failed_with(await rt.run(worker, "task"), ModelConnectionError)
+    session_id = failure.session_id
     assert session_id
 
     (workspace / "AGENTS.md").write_text("Brand new instructions after the crash.\n")

@@ -103,7 +103,7 @@ def test_a_failed_graph_exits_non_zero_and_show_lists_tasks_never_run(
     db = str(tmp_path / "b.db")
     assert main(["run", f"{source}:graph", "--offline", "--db", db]) == 1
     _, err = capsys.readouterr()
-    assert "graph breaks failed" in err and "max_turns=1" in err
+    assert "breaks failed in session" in err and "max_turns=1" in err
     assert main(["show", _session_id(err), "--db", db]) == 0
     shown = capsys.readouterr().out
     assert "status=failed" in shown

@@ -35,6 +35,7 @@ from anabranch.testing import FunctionModel
 from anabranch.testing._models import is_summary_request
 
 from .compaction_helpers import FAST_RETRY, Checked, extra, fetch, huge, small_agent
+from .helpers import failed_with
 
 pytestmark = pytest.mark.anyio
 
@@ -146,8 +147,7 @@ async def test_a_run_interrupted_after_compaction_resumes_and_keeps_compacting(
         return first.model.function(request)
 
     async with Runtime(db=db, model=FunctionModel(flaky), retry=FAST_RETRY) as rt:
-        with pytest.raises(ModelAPIError):
-            await rt.run(agent, "Research SQLite")
+        failed_with(await rt.run(agent, "Research SQLite"), ModelAPIError)
         session_id = (await rt.store.list_sessions())[0].id
         before = [b for b in await _boundaries(rt, session_id) if b.kind == "compaction"]
     assert before, "the run should have compacted before it was interrupted"
@@ -299,8 +299,7 @@ async def test_unrecoverable_prompt_too_long_leaves_the_run_resumable(tmp_path: 
     agent = small_agent(window=50_000)
     checked = Checked(rounds=10, limit=300)  # below the system prompt and tools alone
     async with Runtime(db=tmp_path / "r.db", model=checked.model, retry=FAST_RETRY) as rt:
-        with pytest.raises(PromptTooLongError):
-            await rt.run(agent, "Research SQLite")
+        failed_with(await rt.run(agent, "Research SQLite"), PromptTooLongError)
         session_id = (await rt.store.list_sessions())[0].id
         root = await _root(rt, session_id)
         calls = await rt.store.list_calls(root.id)
@@ -325,8 +324,7 @@ async def test_a_failing_summarizer_trips_the_breaker_and_fails_the_run(tmp_path
 
     checked = Checked(rounds=16, on_summary=transport_error)
     async with Runtime(db=tmp_path / "r.db", model=checked.model, retry=FAST_RETRY) as rt:
-        with pytest.raises(CompactionFailedError, match="breaker"):
-            await rt.run(agent, "Research SQLite")
+        failed_with(await rt.run(agent, "Research SQLite"), CompactionFailedError, match="breaker")
         session_id = (await rt.store.list_sessions())[0].id
         boundaries = await _boundaries(rt, session_id)
         root = await _root(rt, session_id)
@@ -409,13 +407,11 @@ async def test_breaker_state_survives_a_resume(tmp_path: Path) -> None:
         return inner.model.function(request)
 
     async with Runtime(db=db, model=FunctionModel(stop_after_two_failures)) as rt:
-        with pytest.raises(ModelAPIError):
-            await rt.run(agent, "Research SQLite")
+        failed_with(await rt.run(agent, "Research SQLite"), ModelAPIError)
         session_id = (await rt.store.list_sessions())[0].id
     after = Checked(rounds=20, on_summary=_no_summary)
     async with Runtime(db=db, model=after.model, agents=[agent]) as rt:
-        with pytest.raises(CompactionFailedError):
-            await rt.resume(session_id)
+        failed_with(await rt.resume(session_id), CompactionFailedError)
         boundaries = await _boundaries(rt, session_id)
     assert [b.kind for b in boundaries] == ["compaction"] * 3 + ["breaker"]
     assert len(after.summary_requests()) == 1  # one more failure was enough

@@ -13,6 +13,7 @@ from anabranch.messages import ModelRequest
 from anabranch.testing import FunctionModel, TestModel
 
 from .compaction_helpers import FAST_RETRY, Checked, small_agent
+from .helpers import failed_with
 
 pytestmark = pytest.mark.anyio
 
@@ -80,8 +81,7 @@ async def test_an_interrupted_turn_resumes_and_then_the_conversation_goes_on(
     async with Runtime(db=db, model=FunctionModel(answer)) as rt:
         first = await rt.run(agent, "one")
         fail["on"] = True
-        with pytest.raises(ModelAPIError):
-            await rt.send(first.session_id, "two")
+        failed_with(await rt.send(first.session_id, "two"), ModelAPIError)
         with pytest.raises(UserError, match="unfinished turn"):
             await rt.send(first.session_id, "three")
     fail["on"] = False

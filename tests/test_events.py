@@ -16,6 +16,7 @@ from anabranch.runtime._events import Subscription
 from anabranch.testing import FunctionModel, MessagesServer, TestModel
 
 from .compaction_helpers import small_agent
+from .helpers import failed_with
 from .subagent_helpers import first_turn, routed, spawn
 
 pytestmark = pytest.mark.anyio
@@ -209,10 +210,12 @@ async def test_a_failing_run_ends_the_stream_with_its_error(tmp_path: Path) -> N
 
     async with Runtime(db=tmp_path / "e.db", model=FunctionModel(refuse)) as rt:
         collected: list[Any] = []
-        with anyio.fail_after(30), pytest.raises(ModelAPIError):
+        with anyio.fail_after(30):
             async with rt.stream(Agent(name="solo", model="m"), "go") as events:
                 async for event in events:
                     collected.append(event)
+        assert events.result is not None  # the failure rule of run: a failed result
+        failed_with(events.result, ModelAPIError, match="bad request")
     assert collected[-1].kind == "session_finished" and collected[-1].status == "failed"
     run_finished = [e for e in collected if e.kind == "run_finished"]
     assert run_finished and run_finished[0].status == "stopped"

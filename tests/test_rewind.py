@@ -24,6 +24,7 @@ from anabranch.testing import FunctionModel
 from anabranch.testing._models import is_summary_request
 
 from .compaction_helpers import Checked, small_agent
+from .helpers import failed_with
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,8 +83,7 @@ async def test_a_resumed_run_continues_from_the_rewound_context(tmp_path: Path) 
         return inner.model.function(request)
 
     async with Runtime(db=db, model=FunctionModel(crash_late), agents=[agent]) as rt:
-        with pytest.raises(ModelAPIError):
-            await rt.run(agent, "Research SQLite")
+        failed_with(await rt.run(agent, "Research SQLite"), ModelAPIError)
         session_id = (await rt.store.list_sessions())[0].id
         run_id = (await rt.store.list_runs(session_id))[0].id
         boundaries = await rt.store.list_boundaries(session_id=session_id)

@@ -24,7 +24,7 @@ from anabranch.errors import (
 from anabranch.messages import Message, ModelRequest, TextBlock
 from anabranch.testing import FunctionModel, TestModel
 
-from .helpers import call, script
+from .helpers import call, failed_with, script
 
 pytestmark = pytest.mark.anyio
 
@@ -147,9 +147,10 @@ async def test_max_turns_is_a_clear_failure(tmp_path: Path) -> None:
     model = FunctionModel(lambda request: [call("shout", text="again")])
     db = tmp_path / "r.db"
     async with Runtime(db=db, model=model) as rt:
-        with pytest.raises(MaxTurnsExceeded, match="max_turns=3") as info:
-            await rt.run(_agent(max_turns=3), "loop forever")
-        session_id = info.value.session_id
+        info = failed_with(
+            await rt.run(_agent(max_turns=3), "loop forever"), MaxTurnsExceeded, match="max_turns=3"
+        )
+        session_id = info.session_id
         assert session_id is not None
         again = await rt.resume(session_id)
     assert again.status == "failed" and "max_turns=3" in (again.error or "")
@@ -303,9 +304,8 @@ async def test_exhausted_retries_leave_the_session_resumable(tmp_path: Path) -> 
     db = tmp_path / "r.db"
     model = FunctionModel(sometimes)
     async with Runtime(db=db, model=model, retry=FAST_RETRY) as rt:
-        with pytest.raises(OverloadedError) as info:
-            await rt.run(_agent(), "flaky")
-        session_id = info.value.session_id
+        info = failed_with(await rt.run(_agent(), "flaky"), OverloadedError)
+        session_id = info.session_id
         assert session_id
         failing = False
         result = await rt.resume(session_id)
@@ -402,9 +402,8 @@ async def test_resume_in_a_new_process_finds_the_agent_or_says_how(tmp_path: Pat
     agent = _agent(tools=[shout])
     model = FunctionModel(lambda r: (_ for _ in ()).throw(OverloadedError("down")))
     async with Runtime(db=db, model=model, retry=FAST_RETRY) as rt:
-        with pytest.raises(OverloadedError) as info:
-            await rt.run(agent, "x")
-    session_id = info.value.session_id
+        info = failed_with(await rt.run(agent, "x"), OverloadedError)
+    session_id = info.session_id
     assert session_id
     async with Runtime(db=db, model=TestModel()) as fresh:
         from anabranch.errors import UserError

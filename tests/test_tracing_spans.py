@@ -19,6 +19,8 @@ from anabranch.errors import ModelConnectionError, ModelError
 from anabranch.messages import ModelResponse, TextBlock, ToolUseBlock, Usage
 from anabranch.testing import FunctionModel, TestModel
 
+from .helpers import failed_with
+
 pytestmark = pytest.mark.anyio
 
 TASK_SECRET = "task-text-7f3a"
@@ -257,8 +259,7 @@ async def test_api_key_never_reaches_spans(
     )
     current = worker.model_copy(update={"model": "claude-opus-4-8"})  # not deprecated
     async with rt:
-        with pytest.raises(ModelConnectionError):
-            await rt.run(current, "anything")
+        failed_with(await rt.run(current, "anything"), ModelConnectionError)
     spans = exporter.get_finished_spans()
     chats = [s for s in spans if s.name.startswith("chat ")]
     assert len(chats) == 2  # one span per attempt, each failed
@@ -317,9 +318,8 @@ async def test_resumed_session_links_to_the_earlier_trace(
         retry=RetryPolicy(max_attempts=1),
     )
     async with rt:
-        with pytest.raises(ModelError) as failure:
-            await rt.run(worker, "task")
-        session_id = failure.value.session_id
+        failure = failed_with(await rt.run(worker, "task"), ModelError)
+        session_id = failure.session_id
         assert session_id is not None
         first = exporter.get_finished_spans()
         result = await rt.resume(session_id)

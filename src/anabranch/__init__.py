@@ -24,6 +24,7 @@ from anabranch.errors import OverloadedError as OverloadedError
 from anabranch.errors import PromptTooLongError as PromptTooLongError
 from anabranch.errors import RateLimitedError as RateLimitedError
 from anabranch.errors import RunError as RunError
+from anabranch.errors import RunFailedError as RunFailedError
 from anabranch.errors import ServerError as ServerError
 from anabranch.errors import SessionBusyError as SessionBusyError
 from anabranch.errors import SessionError as SessionError
@@ -88,6 +89,7 @@ __all__ = [
     "RedactedThinkingBlock",
     "RetryPolicy",
     "RunError",
+    "RunFailedError",
     "RunResult",
     "Runtime",
     "ServerError",

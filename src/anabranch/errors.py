@@ -11,6 +11,7 @@
     │   ├── SessionBusyError      another live process holds the session's lease
     │   └── LeaseLostError        it was taken over while this process was stalled
     ├── RunError                  a run could not finish
+    │   ├── RunFailedError        ``result.raise_for_status()`` of a session that ended failed
     │   ├── MaxTurnsExceeded
     │   └── CompactionFailedError the compaction circuit breaker tripped with policy "fail"
     └── ModelError                raised by model clients, at their boundary
@@ -22,11 +23,17 @@
             └── PromptTooLongError  400 "prompt is too long: N tokens > M maximum"
 
 Invalid definitions (agents, policies, graphs) raise pydantic's ``ValidationError``.
+
+A session that runs and fails is not an exception: ``run``, ``resume`` and ``run_graph``
+return a result with ``status="failed"`` (and ``error``); ``result.raise_for_status()``
+raises ``RunFailedError`` carrying it, chained to the original exception when the failure
+happened in this process.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
 __all__ = [
     "AnabranchError",
@@ -41,6 +48,7 @@ __all__ = [
     "PromptTooLongError",
     "RateLimitedError",
     "RunError",
+    "RunFailedError",
     "ServerError",
     "SessionBusyError",
     "SessionError",
@@ -110,6 +118,28 @@ class ToolDefinitionError(UserError):
 
 class RunError(AnabranchError):
     """A run could not finish."""
+
+
+class _Outcome(Protocol):
+    """What ``RunFailedError`` carries: a ``RunResult`` (or ``GraphResult``)."""
+
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def agent(self) -> str: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+class RunFailedError(RunError):
+    """A session ended ``failed``. ``result`` is its full result; ``__cause__`` is the
+    exception that failed it when that happened in this process."""
+
+    def __init__(self, result: _Outcome) -> None:
+        error = result.error or "no error text"
+        super().__init__(f"{result.agent} failed in session {result.session_id}: {error}")
+        self.result = result
+        self.session_id = result.session_id
 
 
 class MaxTurnsExceeded(RunError):

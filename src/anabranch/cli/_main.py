@@ -88,8 +88,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             graph_result = await rt.run_graph(definition, source=source, on_session=announce)
         if not args.events:
             print(graph_result.output)
-        if graph_result.status != "done":
-            raise CliError(f"graph {definition.name} failed: {graph_result.error}")
+        graph_result.raise_for_status()
         return 0
     if not args.task:
         raise CliError(f"{args.target} is an Agent: give it a TASK")
@@ -100,6 +99,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         on_event=event_printer(args),
     ) as rt:
         result = await rt.run(definition, args.task, source=source, on_session=announce)
+    result.raise_for_status()
     if not args.events:
         print(result.output)
     return 0
@@ -127,8 +127,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
         result = await rt.resume(args.session_id)
     finally:
         await rt.aclose()
-    if result.status != "done":
-        raise CliError(f"session {result.session_id} failed: {result.error}")
+    result.raise_for_status()
     if not args.events:
         print(result.output)
     return 0

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
+import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from anabranch.errors import ModelAPIError, ModelError
+from anabranch.errors import ModelAPIError, ModelError, PromptTooLongError
 
-__all__ = ["RetryPolicy"]
+__all__ = ["RetryPolicy", "retrying"]
+
+T = TypeVar("T")
 
 
 class RetryPolicy(BaseModel):
@@ -31,3 +36,30 @@ class RetryPolicy(BaseModel):
 
     def should_retry(self, attempt: int, error: ModelError) -> bool:
         return error.retryable and attempt < self.max_attempts
+
+
+async def retrying(
+    policy: RetryPolicy,
+    attempt: Callable[[int], Awaitable[T]],
+    *,
+    on_retry: Callable[[ModelError, float, int], None] | None = None,
+) -> T:
+    """``await attempt(n)`` for n = 1, 2, ... until it returns, retrying ``ModelError``s the
+    policy calls retryable after the policy's delay. A prompt that is too long is never
+    retried as is (it needs a smaller request): it is raised at once, as is a final error.
+
+    ``on_retry(error, delay, n)`` is told of each retry before the wait (for tracing).
+    The one retry loop of model calls: the agent loop's and the summarizer's.
+    """
+    n = 0
+    while True:
+        n += 1
+        try:
+            return await attempt(n)
+        except ModelError as error:
+            if isinstance(error, PromptTooLongError) or not policy.should_retry(n, error):
+                raise
+            delay = policy.delay(n, error)
+            if on_retry is not None:
+                on_retry(error, delay, n)
+        await anyio.sleep(delay)

@@ -27,7 +27,6 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import anyio
 from opentelemetry.trace import Span
 
 from anabranch.context._budget import preview, spill_handle
@@ -420,16 +419,11 @@ class CompactingPipeline:
 
     async def _call(self, run: AgentRun, request: ModelRequest) -> ModelResponse:
         """One summarizer call, retried like any model call, traced as a child span."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await run.request_once(request, attempt=attempt, purpose="compaction")
-            except ModelError as error:
-                delay = run.retry_delay(attempt, error)
-                if delay is None:
-                    raise
-            await anyio.sleep(delay)
+
+        async def attempt(n: int) -> ModelResponse:
+            return await run.request_once(request, attempt=n, purpose="compaction")
+
+        return await run.with_retries(attempt)
 
     # ------------------------------------------------------------------ store
     async def _context_seqs(self, run: AgentRun) -> list[int | None]:

@@ -78,8 +78,10 @@ class SessionAnnouncer:
 class EventStream:
     """The events of one session as it runs; iterate with ``async for``.
 
-    Iteration ends after ``session_finished``; a failure of the run is raised from the
-    loop after its last events. ``result`` is the ``RunResult`` once the run is done.
+    Iteration ends after ``session_finished``; then ``result`` is the ``RunResult`` (a
+    failed session is a result with ``status="failed"``, as from ``run``). What stops the
+    session from being driven at all (bad input, a busy session) is raised from the loop
+    after its last events.
     """
 
     def __init__(self, subscription: Subscription) -> None:

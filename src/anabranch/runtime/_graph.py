@@ -9,9 +9,9 @@ finished tasks, continues unfinished runs where they stopped and starts the rest
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
@@ -25,19 +25,30 @@ from anabranch.runtime._children import (
 )
 from anabranch.runtime._loader import load_object
 from anabranch.runtime._loop import Environment
-from anabranch.runtime._results import GraphResult, TaskResult
-from anabranch.store import RunRecord, SessionRecord
+from anabranch.runtime._results import GraphResult, TaskResult, build_result
+from anabranch.runtime._session import SessionDriver, SessionEnd
+from anabranch.store import RunRecord, SessionRecord, Store
 from anabranch.traces import SpanRef
 
-if TYPE_CHECKING:
-    from anabranch.runtime._runtime import Runtime
-
-__all__ = ["resolve_graph", "resume_graph", "run_graph", "task_prompt"]
+__all__ = [
+    "drive_graph",
+    "graph_outline",
+    "graph_task",
+    "resolve_graph",
+    "resume_graph",
+    "task_prompt",
+]
 
 FAIL_FAST_NOT_RUN = "cancelled: not run because another task failed (fail_fast)"
 
 
-def _outline(graph: Graph) -> dict[str, Any]:
+def graph_task(graph: Graph) -> str:
+    """The task text a graph session is recorded with."""
+    return f"graph {graph.name}: {', '.join(t.id for t in graph.tasks)}"
+
+
+def graph_outline(graph: Graph) -> dict[str, Any]:
+    """The structure of a graph, recorded with its session (for ``show``)."""
     return {
         "name": graph.name,
         "max_concurrency": graph.max_concurrency,
@@ -55,39 +66,18 @@ def _outline(graph: Graph) -> dict[str, Any]:
     }
 
 
-async def run_graph(
-    rt: Runtime,
-    graph: Graph,
-    *,
-    source: str | None = None,
-    on_session: Callable[[str], None] | None = None,
-) -> GraphResult:
-    """Run ``graph`` in a new session (see ``Runtime.run_graph``)."""
-    if not isinstance(graph, Graph):
-        raise UserError(f"run_graph() needs a Graph, got {type(graph).__name__}")
-    rt.register(graph)
-    session_id = await rt.open_session(
-        kind="graph",
-        entry=graph.name,
-        task=f"graph {graph.name}: {', '.join(t.id for t in graph.tasks)}",
-        source=source,
-        outline=_outline(graph),
-        on_session=on_session,
-    )
-    return await _drive(rt, session_id, graph)
-
-
-def resolve_graph(rt: Runtime, session: SessionRecord, graph: Graph | None = None) -> Graph:
-    """The graph of a session: given, registered by name, or loaded from its source."""
-    if graph is not None and graph.name == session.entry:
-        return graph
-    registered = rt.graphs.get(session.entry)
+def resolve_graph(
+    session: SessionRecord, graphs: Mapping[str, Graph], register: Callable[[Graph], None]
+) -> Graph:
+    """The graph of a session: registered by name, or loaded from its source (and then
+    registered)."""
+    registered = graphs.get(session.entry)
     if registered is not None:
         return registered
     if session.source:
         loaded = load_object(session.source)
         if isinstance(loaded, Graph) and loaded.name == session.entry:
-            rt.register(loaded)
+            register(loaded)
             return loaded
     raise UserError(
         f"cannot find graph {session.entry!r} to resume session {session.id}: register it "
@@ -95,17 +85,19 @@ def resolve_graph(rt: Runtime, session: SessionRecord, graph: Graph | None = Non
     )
 
 
-async def resume_graph(rt: Runtime, session: SessionRecord) -> GraphResult:
+async def resume_graph(
+    env: Environment, driver: SessionDriver, graph: Graph, session: SessionRecord
+) -> GraphResult:
     """Continue an interrupted graph session; a finished one returns its stored result."""
-    graph = resolve_graph(rt, session)
     if session.status in ("done", "failed") and session.finished is not None:
-        results = _stored_results(graph, await _task_runs(rt, session.id))
-        return await _result(rt, session.id, graph, _fill_unrun(graph, results, FAIL_FAST_NOT_RUN))
-    return await _drive(rt, session.id, graph)
+        results = _stored_results(graph, await _task_runs(env.store, session.id))
+        filled = _fill_unrun(graph, results, FAIL_FAST_NOT_RUN)
+        return await _result(env.store, session.id, graph, filled, _end(graph, filled))
+    return await drive_graph(env, driver, graph, resumed=True)
 
 
-async def _task_runs(rt: Runtime, session_id: str) -> dict[str, RunRecord]:
-    runs = await rt.store.list_runs(session_id)
+async def _task_runs(store: Store, session_id: str) -> dict[str, RunRecord]:
+    runs = await store.list_runs(session_id)
     return {r.task_id: r for r in runs if r.task_id is not None and r.parent_run_id is None}
 
 
@@ -233,61 +225,67 @@ class _Schedule:
                 await settle_subtree(store, session_id, record.id, "cancelled", reason)
 
 
-async def _result(
-    rt: Runtime, session_id: str, graph: Graph, results: dict[str, TaskResult]
-) -> GraphResult:
-    done = all(r.status == "done" for r in results.values())
+def _end(graph: Graph, results: dict[str, TaskResult]) -> SessionEnd:
+    """How a graph session ended: done if every task is, else failed naming each failure."""
     sinks = [results[t.id] for t in graph.sinks()]
     if len(sinks) == 1:
         output = sinks[0].report
     else:
         output = "\n\n".join(f"## {r.id}\n{r.report}" for r in sinks if r.status == "done")
     errors = [f"{r.id}: {r.error}" for r in results.values() if r.status != "done"]
-    return GraphResult(
-        session_id=session_id,
+    if errors:
+        return SessionEnd("failed", output=output, error="; ".join(errors))
+    return SessionEnd("done", output=output)
+
+
+async def _result(
+    store: Store,
+    session_id: str,
+    graph: Graph,
+    results: dict[str, TaskResult],
+    end: SessionEnd,
+) -> GraphResult:
+    result = await build_result(
+        store,
+        session_id,
         run_id="",
         agent=graph.name,
-        status="done" if done else "failed",
-        output=output,
-        usage=await rt.session_usage(session_id),
-        error="; ".join(errors) or None,
+        status=end.status,
+        output=end.output,
+        error=end.error,
+        cause=end.cause,
         tasks=results,
     )
+    assert isinstance(result, GraphResult)
+    return result
 
 
-class _GraphFailed(Exception):
-    """Carries a failed graph's result through the session driver (which records it)."""
+async def drive_graph(
+    env: Environment, driver: SessionDriver, graph: Graph, *, resumed: bool = False
+) -> GraphResult:
+    """Schedule the graph under the session driver (lease, status, cancellation)."""
+    session_id, store, tracing = env.session_id, env.store, env.tracing
+    results: dict[str, TaskResult] = {}
 
-    def __init__(self, result: GraphResult) -> None:
-        super().__init__(result.error or "a task failed")
-        self.result = result
-
-
-async def _drive(rt: Runtime, session_id: str, graph: Graph) -> GraphResult:
-    """Schedule the graph under the runtime's session driver (lease, status, cancellation)."""
-    env = rt.environment(session_id)
-    finished: list[GraphResult] = []
-
-    async def drive() -> str:
-        runs = await _task_runs(rt, session_id)
+    async def body() -> SessionEnd:
+        runs = await _task_runs(store, session_id)
         schedule = _Schedule(env, graph, runs, _stored_results(graph, runs))
-        store = env.store
         earlier = [SpanRef(t, s) for t, s in await store.run_spans(session_id)]
-        with rt.tracing.graph_run(
+        with tracing.graph_run(
             graph=graph.name, session_id=session_id, tasks=len(graph.tasks), resumed_from=earlier
         ) as span:
-            ref = rt.tracing.span_ref(span)
+            ref = tracing.span_ref(span)
             if ref is not None:  # a graph's own span is kept under its session id
                 await store.add_run_span(session_id, session_id, ref.trace_id, ref.span_id)
-            results = await schedule.run()
-        result = await _result(rt, session_id, graph, results)
-        if result.status != "done":
-            raise _GraphFailed(result)
-        finished.append(result)
-        return result.output
+            results.update(await schedule.run())
+        return _end(graph, results)
 
-    try:
-        await rt._drive_session(session_id, graph.name, drive)
-    except _GraphFailed as failed:
-        return failed.result
-    return finished[0]
+    async def result(end: SessionEnd) -> GraphResult:
+        if not results:  # the schedule itself failed: every task is reported as stored
+            stored = _stored_results(graph, await _task_runs(store, session_id))
+            results.update(_fill_unrun(graph, stored, end.error or "not run"))
+        return await _result(store, session_id, graph, results, end)
+
+    return await driver.drive(
+        session_id, body, result=result, task=graph_task(graph), resumed=resumed
+    )

@@ -21,7 +21,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -44,7 +44,7 @@ from anabranch.messages import (
     messages_from_json,
 )
 from anabranch.models._base import Model, StreamingModel
-from anabranch.models._retry import RetryPolicy
+from anabranch.models._retry import RetryPolicy, retrying
 from anabranch.runtime._bootstrap import prompt_inputs
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
 from anabranch.runtime._cache_watch import check_cache_break
@@ -62,6 +62,8 @@ from anabranch.store import (
     ToolEventRecord,
 )
 from anabranch.traces import SpanRef, Tracing
+
+T = TypeVar("T")
 
 __all__ = ["AgentRun", "Environment", "new_id"]
 
@@ -536,11 +538,12 @@ class AgentRun:
                 await on_response(response)
             return response
 
-    def retry_delay(self, attempt: int, error: ModelError) -> float | None:
-        """Seconds to wait before trying again, or ``None`` when the error is final."""
-        if isinstance(error, PromptTooLongError) or not self.env.retry.should_retry(attempt, error):
-            return None
-        delay = self.env.retry.delay(attempt, error)
+    async def with_retries(self, attempt: Callable[[int], Awaitable[T]]) -> T:
+        """``attempt(n)`` retried under the session's retry policy; each retry is traced
+        and announced as an event."""
+        return await retrying(self.env.retry, attempt, on_retry=self._retry_scheduled)
+
+    def _retry_scheduled(self, error: ModelError, delay: float, attempt: int) -> None:
         self.env.tracing.retry_scheduled(error, delay, attempt)
         self.events.emit(
             ev.Retry,
@@ -549,78 +552,76 @@ class AgentRun:
             error_type=type(error).__name__,
             delay=delay,
         )
-        return delay
 
     async def call_model(self) -> ModelResponse:
         """One model turn with retries; the call row is committed before each attempt."""
-        env = self.env
-        attempt = 0
         too_long_attempts = 0
         while True:
-            attempt += 1
-            if not self.agent.context.system_prompt_snapshot:
-                await self.rebuild_snapshot("rebuild")
-            request = self.build_request()
-            call_id = await env.store.begin_call(
-                CallRecord(
-                    run_id=self.id,
-                    turn=self.turns + 1,
-                    attempt=attempt,
-                    fingerprint=request.fingerprint(),
-                    message_count=len(request.messages),
-                    created=time.time(),
-                    snapshot_version=self.snapshot_version,
-                    compactions=self.compactions,
-                ),
-                (),
-            )
-
-            async def commit(response: ModelResponse, call_id: int = call_id) -> None:
-                message = response.to_message()
-                started = self._started_events(message.tool_uses)
-                await env.store.finish_call(
-                    call_id,
-                    status="ok",
-                    message=MessageRecord(
-                        run_id=self.id,
-                        seq=self.next_seq,
-                        role="assistant",
-                        content=_message_json(message),
-                        created=time.time(),
-                    ),
-                    response_id=response.id,
-                    model=response.model,
-                    stop_reason=response.stop_reason,
-                    usage=canonical_json(response.usage.model_dump(mode="json")),
-                    tool_events=started,
-                )
-                self.next_seq += 1
-                self._fresh_tools = (
-                    tuple(u.id for u in message.tool_uses),
-                    frozenset(e.call_id for e in started),
-                )
-                await self.after_response(call_id, response)
-
             try:
-                return await self.request_once(request, attempt=attempt, on_response=commit)
-            except ModelError as error:
-                await env.store.finish_call(
-                    call_id, status="error", error_type=type(error).__name__, error=str(error)
-                )
-                if isinstance(error, PromptTooLongError):
-                    too_long_attempts += 1
-                    async with self.events.compactions():
-                        retry = await env.pipeline.on_prompt_too_long(
-                            self, error, too_long_attempts
-                        )
-                    if retry:
-                        attempt = 0
-                        continue
+                return await self.with_retries(self._call_once)
+            except PromptTooLongError as error:
+                too_long_attempts += 1
+                async with self.events.compactions():
+                    retry = await self.env.pipeline.on_prompt_too_long(
+                        self, error, too_long_attempts
+                    )
+                if not retry:
                     raise
-                delay = self.retry_delay(attempt, error)
-                if delay is None:
-                    raise
-            await anyio.sleep(delay)
+                # the pipeline made the request smaller: start counting attempts again
+
+    async def _call_once(self, attempt: int) -> ModelResponse:
+        """One attempt of a model turn: commit the call row, send, commit the outcome."""
+        env = self.env
+        if not self.agent.context.system_prompt_snapshot:
+            await self.rebuild_snapshot("rebuild")
+        request = self.build_request()
+        call_id = await env.store.begin_call(
+            CallRecord(
+                run_id=self.id,
+                turn=self.turns + 1,
+                attempt=attempt,
+                fingerprint=request.fingerprint(),
+                message_count=len(request.messages),
+                created=time.time(),
+                snapshot_version=self.snapshot_version,
+                compactions=self.compactions,
+            ),
+            (),
+        )
+
+        async def commit(response: ModelResponse) -> None:
+            message = response.to_message()
+            started = self._started_events(message.tool_uses)
+            await env.store.finish_call(
+                call_id,
+                status="ok",
+                message=MessageRecord(
+                    run_id=self.id,
+                    seq=self.next_seq,
+                    role="assistant",
+                    content=_message_json(message),
+                    created=time.time(),
+                ),
+                response_id=response.id,
+                model=response.model,
+                stop_reason=response.stop_reason,
+                usage=canonical_json(response.usage.model_dump(mode="json")),
+                tool_events=started,
+            )
+            self.next_seq += 1
+            self._fresh_tools = (
+                tuple(u.id for u in message.tool_uses),
+                frozenset(e.call_id for e in started),
+            )
+            await self.after_response(call_id, response)
+
+        try:
+            return await self.request_once(request, attempt=attempt, on_response=commit)
+        except ModelError as error:
+            await env.store.finish_call(
+                call_id, status="error", error_type=type(error).__name__, error=str(error)
+            )
+            raise
 
     async def after_response(self, call_id: int, response: ModelResponse) -> None:
         """Records a cache break if this call read less cache than it could; then runs the

@@ -1,18 +1,39 @@
-"""What a finished run hands back."""
+"""What a finished session hands back, and the one place results are built.
+
+The failure rule (one for ``run``, ``resume`` and ``run_graph``): a session that runs and
+fails returns a result with ``status="failed"`` and ``error``, like an HTTP response with
+an error status; ``raise_for_status()`` turns it into ``RunFailedError``. What raises
+instead is what stops the session from being driven at all: bad input (``UserError``),
+another driver (``SessionError``), the store failing (``StoreError``), cancellation.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
+from anabranch.errors import RunFailedError
 from anabranch.messages import Usage
+from anabranch.runtime._report import summarizer_usage
+from anabranch.store import Store
 
-__all__ = ["GraphResult", "RunResult", "TaskResult", "TaskStatus"]
+__all__ = [
+    "GraphResult",
+    "RunResult",
+    "SessionStatus",
+    "TaskResult",
+    "TaskStatus",
+    "build_result",
+    "session_usage",
+]
+
+SessionStatus = Literal["done", "failed"]
 
 
 class RunResult(BaseModel):
-    """The outcome of ``Runtime.run`` / ``Runtime.resume``."""
+    """The outcome of ``Runtime.run`` / ``Runtime.resume``: check ``status`` or call
+    ``raise_for_status()``."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -24,6 +45,18 @@ class RunResult(BaseModel):
     usage: Usage
     """Token usage of the whole session (every agent run in it)."""
     error: str | None = None
+    _cause: BaseException | None = PrivateAttr(default=None)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "done"
+
+    def raise_for_status(self) -> Self:
+        """Return the result if the session is done; raise ``RunFailedError`` (chained to
+        the original exception, when it happened in this process) if it failed."""
+        if self.status == "failed":
+            raise RunFailedError(self) from self._cause
+        return self
 
 
 TaskStatus = Literal["done", "failed", "cancelled"]
@@ -58,3 +91,45 @@ class GraphResult(RunResult):
     def failed(self) -> list[str]:
         """Ids of the tasks that did not finish."""
         return [t.id for t in self.tasks.values() if t.status != "done"]
+
+
+async def session_usage(store: Store, session_id: str, run_id: str | None = None) -> Usage:
+    """Tokens paid in the session (or one run): agent calls plus summarizer calls.
+
+    Agent calls are summed in SQL (a long session costs no rows in Python)."""
+    sums = await store.sum_call_usage(session_id, tuple(Usage.model_fields), run_id=run_id)
+    total = Usage(**sums)
+    for boundary in await store.list_boundaries(session_id=session_id):
+        if run_id is None or boundary.run_id == run_id:
+            summarizer = summarizer_usage(boundary)
+            if summarizer is not None:
+                total = total + summarizer
+    return total
+
+
+async def build_result(
+    store: Store,
+    session_id: str,
+    *,
+    run_id: str,
+    agent: str,
+    status: SessionStatus,
+    output: str | None,
+    error: str | None = None,
+    cause: BaseException | None = None,
+    tasks: dict[str, TaskResult] | None = None,
+) -> RunResult:
+    """The result of a session (a ``GraphResult`` when ``tasks`` are given), with the
+    session's usage read from the store. Every result is built here."""
+    fields = {
+        "session_id": session_id,
+        "run_id": run_id,
+        "agent": agent,
+        "status": status,
+        "output": output or "",
+        "usage": await session_usage(store, session_id),
+        "error": error,
+    }
+    result = RunResult(**fields) if tasks is None else GraphResult(**fields, tasks=tasks)
+    result._cause = cause
+    return result

@@ -7,7 +7,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Literal
@@ -18,28 +18,32 @@ from opentelemetry import trace
 
 from anabranch.agents import Agent, Graph
 from anabranch.errors import (
-    AnabranchError,
-    LeaseLostError,
-    SessionBusyError,
     SessionNotFoundError,
     UserError,
 )
 from anabranch.messages import Usage
+from anabranch.models._anthropic import AnthropicModel
 from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.runtime._compactor import CompactingPipeline
-from anabranch.runtime._event_stream import EventStream, SessionAnnouncer, open_stream
+from anabranch.runtime._event_stream import EventStream, open_stream
 from anabranch.runtime._events import EventBus, EventCallback
-from anabranch.runtime._graph import resume_graph, run_graph
+from anabranch.runtime._graph import (
+    drive_graph,
+    graph_outline,
+    graph_task,
+    resolve_graph,
+    resume_graph,
+)
 from anabranch.runtime._loader import load_object
 from anabranch.runtime._loop import AgentRun, Environment, new_id
 from anabranch.runtime._memory import ForgetTool, LogTool, RememberTool, memory_session_start
 from anabranch.runtime._pipeline import ContextPipeline
 from anabranch.runtime._recall import RecallTool
-from anabranch.runtime._report import summarizer_usage
-from anabranch.runtime._results import GraphResult, RunResult
+from anabranch.runtime._results import GraphResult, RunResult, build_result, session_usage
 from anabranch.runtime._rewind import rewind_run
+from anabranch.runtime._session import SessionDriver, SessionEnd
 from anabranch.runtime._spawn import SpawnLimits, SpawnTool
 from anabranch.store import BoundaryRecord, RunRecord, SessionRecord, SQLiteStore, Store
 from anabranch.store.sqlite import Synchronous
@@ -126,12 +130,13 @@ class Runtime:
         self._given_store = store
         self._store: Store | None = None
         self._owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self._driving: set[str] = set()
+        self._session_driver: SessionDriver | None = None
         self.events = EventBus()
         """Every event of the sessions this runtime drives (see ``stream``)."""
         if on_event is not None and not callable(on_event):
             raise UserError("on_event must be a function taking one event")
         self.on_event = on_event
+        self._created_model: AnthropicModel | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Runtime:
@@ -148,12 +153,23 @@ class Runtime:
             self._store = await SQLiteStore.open(
                 self.db_path, create=create, synchronous=self.synchronous
             )
+        self._session_driver = SessionDriver(
+            self._store, self._owner, self.lease_ttl, events=self.events, on_event=self.on_event
+        )
 
     async def aclose(self) -> None:
+        """Close the store (unless it was given) and the model client this runtime created."""
+        self._session_driver = None
+        if self._created_model is not None:
+            created, self._created_model = self._created_model, None
+            if self._model is created:
+                self._model = None
+            with anyio.CancelScope(shield=True):
+                await created.aclose()
         if self._store is not None:
-            if self._store is not self._given_store:
-                await self._store.close()
-            self._store = None
+            store, self._store = self._store, None
+            if store is not self._given_store:
+                await store.close()
 
     @property
     def store(self) -> Store:
@@ -164,10 +180,14 @@ class Runtime:
     @property
     def model(self) -> Model:
         if self._model is None:
-            from anabranch.models._anthropic import AnthropicModel
-
-            self._model = AnthropicModel()
+            self._model = self._created_model = AnthropicModel()
         return self._model
+
+    @property
+    def _driver(self) -> SessionDriver:
+        if self._session_driver is None:
+            raise UserError("the runtime is not open: use 'async with Runtime(...) as rt'")
+        return self._session_driver
 
     def environment(self, session_id: str) -> Environment:
         """The shared environment for runs of one session."""
@@ -179,7 +199,7 @@ class Runtime:
             tracing=self.tracing,
             pipeline=self.pipeline,
             builtins=self.builtins,
-            extras={"runtime": self, "spawn_limits": self.spawn_limits},
+            extras={"spawn_limits": self.spawn_limits},
             events=self.events,
         )
 
@@ -229,13 +249,15 @@ class Runtime:
     ) -> RunResult:
         """Run ``agent`` on ``task`` in a new session and return its result.
 
+        A session that fails returns ``status="failed"`` (see ``RunResult.raise_for_status``);
+        after a model failure it stays resumable.
+
         Args:
             source: ``file.py:name`` the agent came from, so another process can resume it.
             on_session: called with the session id as soon as the session is committed.
 
         Raises:
-            RunError: the run failed for good (e.g. ``MaxTurnsExceeded``).
-            ModelError: the model kept failing; the session is resumable.
+            UserError: not an agent, or an empty task.
         """
         if not isinstance(agent, Agent):
             raise UserError(f"run() needs an Agent, got {type(agent).__name__}")
@@ -252,12 +274,11 @@ class Runtime:
         )
         env = self.environment(session_id)
 
-        async def start_and_drive() -> str:
+        async def start() -> AgentRun:
             await memory_session_start(env, agent)
-            root = await AgentRun.start(env, agent, task)
-            return await root.drive()
+            return await AgentRun.start(env, agent, task)
 
-        return await self._drive_session(session_id, agent.name, start_and_drive, task=task)
+        return await self._drive_agent(session_id, agent.name, start, task=task)
 
     def stream(
         self,
@@ -272,9 +293,9 @@ class Runtime:
         its events: ``async with rt.stream(agent, task) as events: async for e in events``.
 
         Sub-agents' events come through the same stream. Iteration ends after
-        ``session_finished``; then ``events.result`` holds the ``RunResult``, and a failure
-        of the run is raised from the ``async for``. Leaving the block early cancels the
-        run (the session stays resumable).
+        ``session_finished``; then ``events.result`` holds the ``RunResult`` (a failed
+        session is a result with ``status="failed"``, as from ``run``). Leaving the block
+        early cancels the run (the session stays resumable).
         """
         if agent is not None or task is not None:
             if session_id is not None or message is not None:
@@ -310,14 +331,25 @@ class Runtime:
     ) -> GraphResult:
         """Run a task graph in a new session; returns every task's status and report.
 
-        A failed task does not raise: it shows in ``GraphResult.tasks`` (and ``status`` is
-        ``failed``). Resume an interrupted graph with ``resume(session_id)``.
+        A failed task shows in ``GraphResult.tasks`` (and ``status`` is ``failed``), the
+        same rule as ``run``. Resume an interrupted graph with ``resume(session_id)``.
         """
-        return await run_graph(self, graph, source=source, on_session=on_session)
+        if not isinstance(graph, Graph):
+            raise UserError(f"run_graph() needs a Graph, got {type(graph).__name__}")
+        self.register(graph)
+        session_id = await self.open_session(
+            kind="graph",
+            entry=graph.name,
+            task=graph_task(graph),
+            source=source,
+            outline=graph_outline(graph),
+            on_session=on_session,
+        )
+        return await drive_graph(self.environment(session_id), self._driver, graph)
 
     async def resume(self, session_id: str, agent: Agent | None = None) -> RunResult:
         """Continue a session from wherever it stopped; a finished one returns its result
-        (a ``GraphResult`` for a graph session).
+        (a ``GraphResult`` for a graph session). The failure rule is ``run``'s.
 
         Raises:
             SessionNotFoundError: no such session.
@@ -326,38 +358,41 @@ class Runtime:
         session = await self.store.get_session(session_id)
         if session is None:
             raise SessionNotFoundError(session_id)
-        if session.status in ("done", "failed") and session.finished is not None:
-            finished = await self._finished_result(session)
-            if finished is not None:
-                return finished
+        if session.kind == "graph":
+            graph = resolve_graph(session, self.graphs, self.register)
+            return await resume_graph(self.environment(session_id), self._driver, graph, session)
         if session.kind != "agent":
-            resumer = self._resumers.get(session.kind)
-            if resumer is None:
-                raise UserError(f"cannot resume a session of kind {session.kind!r}")
-            result: RunResult = await resumer(self, session)
-            return result
-        root_agent = self.resolve_agent(session, agent)
+            raise UserError(f"cannot resume a session of kind {session.kind!r}")
         root = await self._root_run(session_id)
         if root is not None and root.status in ("done", "failed"):
-            # The process stopped after the answer was committed: nothing left to run.
-            return await self._record_finished(session_id, root)
+            # Nothing left to run (the process may have stopped before the session's
+            # status was committed: record it now).
+            end = SessionEnd(
+                "done" if root.status == "done" else "failed",
+                output=root.output or "",
+                error=root.error,
+            )
+            if session.status != root.status:
+                async with self._driver.lease(session_id):
+                    await self._driver.record(session_id, end)
+            return await self._result(session_id, root.id, root.agent_name, end)
+        root_agent = self.resolve_agent(session, agent)
         env = self.environment(session_id)
 
-        async def load_and_drive() -> str:
+        async def load() -> AgentRun:
             if root is None:  # crashed before the first message was committed
-                run = await AgentRun.start(env, root_agent, session.task)
-            else:
-                run = await AgentRun.load(env, root_agent, root)
-            return await run.drive()
+                return await AgentRun.start(env, root_agent, session.task)
+            return await AgentRun.load(env, root_agent, root)
 
-        return await self._drive_session(
-            session_id, root_agent.name, load_and_drive, task=session.task, resumed=True
+        return await self._drive_agent(
+            session_id, root_agent.name, load, task=session.task, resumed=True
         )
 
     async def send(self, session_id: str, message: str, agent: Agent | None = None) -> RunResult:
         """Continue a finished session's conversation: ``message`` becomes the root
         agent's next user turn, in the same context (compaction, snapshot and the
-        write-ahead log apply as to any turn). Returns this turn's answer.
+        write-ahead log apply as to any turn). Returns this turn's result (the failure
+        rule is ``run``'s).
 
         Raises:
             SessionNotFoundError: no such session.
@@ -383,17 +418,12 @@ class Runtime:
         env = self.environment(session_id)
         finished_root = root
 
-        async def continue_and_drive() -> str:
+        async def load_and_continue() -> AgentRun:
             run = await AgentRun.load(env, root_agent, finished_root)
             await run.continue_with(message)
-            return await run.drive()
+            return run
 
-        return await self._drive_session(
-            session_id, root_agent.name, continue_and_drive, task=message
-        )
-
-    _resumers: dict[str, Callable[..., Any]] = {"graph": resume_graph}
-    """Resume functions for other session kinds (e.g. graphs), by kind."""
+        return await self._drive_agent(session_id, root_agent.name, load_and_continue, task=message)
 
     def resolve_agent(self, session: SessionRecord, agent: Agent | None = None) -> Agent:
         """The root agent of a session: given, registered, or loaded from its source."""
@@ -419,127 +449,45 @@ class Runtime:
         runs = await self.store.list_runs(session_id)
         return next((r for r in runs if r.parent_run_id is None and r.task_id is None), None)
 
-    async def _finished_result(self, session: SessionRecord) -> RunResult | None:
-        root = await self._root_run(session.id)
-        if root is None or root.status not in ("done", "failed"):
-            return None
-        return RunResult(
-            session_id=session.id,
-            run_id=root.id,
-            agent=root.agent_name,
-            status="done" if root.status == "done" else "failed",
-            output=root.output or "",
-            usage=await self.session_usage(session.id),
-            error=root.error,
-        )
-
-    async def _record_finished(self, session_id: str, root: RunRecord) -> RunResult:
-        """The result of a session whose root run finished before the process stopped."""
-        session = await self.store.get_session(session_id)
-        if session is not None and session.status != root.status:
-            await self.store.acquire_lease(session_id, self._owner, self.lease_ttl)
-            try:
-                await self.store.set_session_status(
-                    session_id,
-                    "done" if root.status == "done" else "failed",
-                    output=root.output,
-                    error=root.error,
-                )
-            finally:
-                await self.store.release_lease(session_id, self._owner)
-        return RunResult(
-            session_id=session_id,
-            run_id=root.id,
-            agent=root.agent_name,
-            status="done" if root.status == "done" else "failed",
-            output=root.output or "",
-            usage=await self.session_usage(session_id),
-            error=root.error,
-        )
-
-    async def _drive_session(
+    async def _drive_agent(
         self,
         session_id: str,
         agent_name: str,
-        drive: Callable[[], Any],
+        open_run: Callable[[], Awaitable[AgentRun]],
         *,
-        task: str = "",
+        task: str,
         resumed: bool = False,
     ) -> RunResult:
-        """Drive one session under its lease, announcing it on the event bus."""
-        async with SessionAnnouncer(self.events, session_id, self.on_event) as announcer:
-            announcer.started(task, resumed=resumed)
-            try:
-                result = await self._drive_leased(session_id, agent_name, drive)
-            except BaseException as error:
-                announcer.failed(error)
-                raise
-            announcer.finished(result)
-            return result
+        """Drive an agent session's root run under the session driver."""
+        run_id = ""
 
-    async def _drive_leased(
-        self, session_id: str, agent_name: str, drive: Callable[[], Any]
+        async def body() -> SessionEnd:
+            nonlocal run_id
+            run = await open_run()
+            run_id = run.id
+            return SessionEnd("done", output=await run.drive())
+
+        async def result(end: SessionEnd) -> RunResult:
+            if not run_id:  # the root run could not even be opened
+                root = await self._root_run(session_id)
+                return await self._result(session_id, root.id if root else "", agent_name, end)
+            return await self._result(session_id, run_id, agent_name, end)
+
+        return await self._driver.drive(session_id, body, result=result, task=task, resumed=resumed)
+
+    async def _result(
+        self, session_id: str, run_id: str, agent_name: str, end: SessionEnd
     ) -> RunResult:
-        store = self.store
-        if session_id in self._driving:
-            raise SessionBusyError(session_id, f"this runtime ({self._owner})")
-        await store.acquire_lease(session_id, self._owner, self.lease_ttl)
-        self._driving.add(session_id)
-        failure: Exception | None = None
-        lease_lost = False
-        output = ""
-
-        async def keep_lease(group: anyio.abc.TaskGroup) -> None:
-            nonlocal lease_lost
-            if not await self._keep_lease(session_id):
-                lease_lost = True
-                group.cancel_scope.cancel()
-
-        try:
-            await store.set_session_status(session_id, "running")
-            async with anyio.create_task_group() as group:
-                group.start_soon(keep_lease, group)
-                try:
-                    output = await drive()
-                except Exception as exc:
-                    failure = exc
-                finally:
-                    group.cancel_scope.cancel()
-        except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                await store.set_session_status(session_id, "cancelled", error="cancelled")
-            raise
-        finally:
-            self._driving.discard(session_id)
-            with anyio.CancelScope(shield=True):
-                await store.release_lease(session_id, self._owner)
-        if lease_lost:  # another process owns the session now: write nothing more
-            raise LeaseLostError(session_id, self._owner)
-        root = await self._root_run(session_id)
-        run_id = root.id if root else ""
-        if failure is not None:
-            await store.set_session_status(session_id, "failed", error=str(failure))
-            if isinstance(failure, AnabranchError):
-                failure.session_id = session_id
-            raise failure
-        await store.set_session_status(session_id, "done", output=output)
-        return RunResult(
-            session_id=session_id,
+        return await build_result(
+            self.store,
+            session_id,
             run_id=run_id,
             agent=agent_name,
-            status="done",
-            output=output,
-            usage=await self.session_usage(session_id),
+            status=end.status,
+            output=end.output,
+            error=end.error,
+            cause=end.cause,
         )
-
-    async def _keep_lease(self, session_id: str) -> bool:
-        """Renew the lease every third of its ttl; returns False once it was lost."""
-        while True:
-            await anyio.sleep(self.lease_ttl / 3)
-            with anyio.CancelScope(shield=True):
-                renewed = await self.store.renew_lease(session_id, self._owner, self.lease_ttl)
-            if not renewed:
-                return False
 
     async def rewind(self, session_id: str, run_id: str, boundary_id: int) -> BoundaryRecord:
         """Restore a run's context to what it was before boundary ``boundary_id``.
@@ -550,23 +498,10 @@ class Runtime:
         Raises:
             UserError: unknown run or boundary; SessionBusyError: the session is running.
         """
-        await self.store.acquire_lease(session_id, self._owner, self.lease_ttl)
-        try:
+        async with self._driver.lease(session_id):
             return await rewind_run(self.store, session_id, run_id, boundary_id)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.store.release_lease(session_id, self._owner)
 
     # ------------------------------------------------------------------ reporting
     async def session_usage(self, session_id: str, run_id: str | None = None) -> Usage:
-        """Tokens paid in the session (or one run): agent calls plus summarizer calls.
-
-        Agent calls are summed in SQL (a long session costs no rows in Python)."""
-        sums = await self.store.sum_call_usage(session_id, tuple(Usage.model_fields), run_id=run_id)
-        total = Usage(**sums)
-        for boundary in await self.store.list_boundaries(session_id=session_id):
-            if run_id is None or boundary.run_id == run_id:
-                summarizer = summarizer_usage(boundary)
-                if summarizer is not None:
-                    total = total + summarizer
-        return total
+        """Tokens paid in the session (or one run): agent calls plus summarizer calls."""
+        return await session_usage(self.store, session_id, run_id)

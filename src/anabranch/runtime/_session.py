@@ -1,0 +1,159 @@
+"""``SessionDriver``: the one place a session is driven, agent and graph sessions alike.
+
+Driving a session, in order:
+
+1. Refuse if this runtime already drives it (``SessionBusyError``), then take its lease in
+   the store (another live process has it: ``SessionBusyError``).
+2. Record ``running`` and run the body, while a sibling task renews the lease every third
+   of its ttl.
+3. The body returns how the session ended (``SessionEnd``); an exception from it is a
+   ``failed`` end carrying the exception. Record that status (with output or error).
+4. Cleanup is shielded from cancellation: a cancelled drive records ``cancelled`` and
+   always releases the lease.
+5. Lease loss (a renewal finds another owner: this process stalled past its ttl and was
+   taken over) cancels the body and writes nothing more: ``LeaseLostError``.
+
+Each drive is announced on the runtime's event bus (``session_started`` first,
+``session_finished`` with the result last), and ``on_event`` is fed from a task of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio
+
+from anabranch.errors import AnabranchError, LeaseLostError, SessionBusyError
+from anabranch.runtime._event_stream import SessionAnnouncer
+from anabranch.runtime._events import EventBus, EventCallback
+from anabranch.runtime._results import RunResult, SessionStatus
+from anabranch.store import Store
+
+__all__ = ["SessionDriver", "SessionEnd"]
+
+R = TypeVar("R", bound=RunResult)
+
+
+@dataclass(frozen=True)
+class SessionEnd:
+    """How a drive of a session ended."""
+
+    status: SessionStatus
+    output: str = ""
+    error: str | None = None
+    cause: BaseException | None = None
+    """The exception that failed the session, when it happened in this drive."""
+
+    @classmethod
+    def failure(cls, exc: BaseException, output: str = "") -> SessionEnd:
+        return cls("failed", output=output, error=str(exc) or type(exc).__name__, cause=exc)
+
+
+class SessionDriver:
+    """Drives sessions of one runtime: leases, renewal, status events, cleanup."""
+
+    def __init__(
+        self,
+        store: Store,
+        owner: str,
+        lease_ttl: float,
+        *,
+        events: EventBus,
+        on_event: EventCallback | None = None,
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.lease_ttl = lease_ttl
+        self.events = events
+        self.on_event = on_event
+        self._driving: set[str] = set()
+
+    @asynccontextmanager
+    async def lease(self, session_id: str) -> AsyncIterator[None]:
+        """Hold the session's lease for a short piece of work (no renewal)."""
+        if session_id in self._driving:
+            raise SessionBusyError(session_id, f"this runtime ({self.owner})")
+        await self.store.acquire_lease(session_id, self.owner, self.lease_ttl)
+        self._driving.add(session_id)
+        try:
+            yield
+        finally:
+            self._driving.discard(session_id)
+            with anyio.CancelScope(shield=True):
+                await self.store.release_lease(session_id, self.owner)
+
+    async def drive(
+        self,
+        session_id: str,
+        body: Callable[[], Awaitable[SessionEnd]],
+        *,
+        result: Callable[[SessionEnd], Awaitable[R]],
+        task: str = "",
+        resumed: bool = False,
+    ) -> R:
+        """Drive ``session_id`` through ``body`` under its lease, record its end and return
+        ``result(end)``, announcing the drive on the event bus.
+
+        Raises:
+            SessionBusyError: another driver (here or in another process) has the session.
+            LeaseLostError: the lease was taken over while the body ran.
+        """
+        async with SessionAnnouncer(self.events, session_id, self.on_event) as announcer:
+            announcer.started(task, resumed=resumed)
+            try:
+                outcome = await result(await self._drive_leased(session_id, body))
+            except BaseException as error:
+                announcer.failed(error)
+                raise
+            announcer.finished(outcome)
+            return outcome
+
+    async def _drive_leased(
+        self, session_id: str, body: Callable[[], Awaitable[SessionEnd]]
+    ) -> SessionEnd:
+        store = self.store
+        end: SessionEnd | None = None
+        lease_lost = False
+
+        async def keep_lease(scope: anyio.CancelScope) -> None:
+            nonlocal lease_lost
+            while True:
+                await anyio.sleep(self.lease_ttl / 3)
+                with anyio.CancelScope(shield=True):
+                    renewed = await store.renew_lease(session_id, self.owner, self.lease_ttl)
+                if not renewed:
+                    lease_lost = True
+                    scope.cancel()
+                    return
+
+        async with self.lease(session_id):
+            try:
+                await store.set_session_status(session_id, "running")
+                async with anyio.create_task_group() as group:
+                    group.start_soon(keep_lease, group.cancel_scope)
+                    try:
+                        end = await body()
+                    except Exception as exc:
+                        end = SessionEnd.failure(exc)
+                    finally:
+                        group.cancel_scope.cancel()
+            except anyio.get_cancelled_exc_class():
+                if not lease_lost:
+                    with anyio.CancelScope(shield=True):
+                        await store.set_session_status(session_id, "cancelled", error="cancelled")
+                raise
+            if lease_lost:  # another process owns the session now: write nothing more
+                raise LeaseLostError(session_id, self.owner)
+            assert end is not None
+            await self.record(session_id, end)
+        return end
+
+    async def record(self, session_id: str, end: SessionEnd) -> None:
+        """Record a session's end (the caller holds its lease)."""
+        if isinstance(end.cause, AnabranchError):
+            end.cause.session_id = session_id
+        output = end.output if end.status == "done" else None
+        await self.store.set_session_status(session_id, end.status, output=output, error=end.error)
