@@ -20,6 +20,7 @@ from anabranch.errors import MaxTurnsExceeded as MaxTurnsExceeded
 from anabranch.errors import ModelAPIError as ModelAPIError
 from anabranch.errors import ModelConnectionError as ModelConnectionError
 from anabranch.errors import ModelError as ModelError
+from anabranch.errors import OutputValidationError as OutputValidationError
 from anabranch.errors import OverloadedError as OverloadedError
 from anabranch.errors import PromptTooLongError as PromptTooLongError
 from anabranch.errors import RateLimitedError as RateLimitedError
@@ -83,6 +84,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ModelSettings",
+    "OutputValidationError",
     "OverloadedError",
     "PromptTooLongError",
     "RateLimitedError",

@@ -149,6 +149,18 @@ class MaxTurnsExceeded(RunError):
         self.max_turns = max_turns
 
 
+class OutputValidationError(RunError):
+    """An ``output_type`` agent's answer still failed validation after its retries."""
+
+    def __init__(self, agent: str, attempts: int, errors: str) -> None:
+        super().__init__(
+            f"agent {agent!r} gave no answer matching its output_type after {attempts} "
+            f"attempts; last errors:\n{errors}"
+        )
+        self.agent = agent
+        self.attempts = attempts
+
+
 class CompactionFailedError(RunError):
     """Compaction failed too many times in a row and the policy says to stop."""
 

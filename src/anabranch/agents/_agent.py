@@ -36,6 +36,11 @@ class Agent(BaseModel):
     """Output tokens per model call (thinking included: must exceed the thinking budget)."""
     model_settings: ModelSettings = ModelSettings()
     """Extended thinking, sampling, tool choice and service tier of every call."""
+    output_type: type[BaseModel] | None = None
+    """A pydantic model the final answer must validate as (``RunResult.output`` is then an
+    instance of it; a parent receives its JSON)."""
+    output_retries: int = Field(2, ge=0)
+    """How many times an answer that fails ``output_type`` goes back to the model."""
     tool_timeout: float | None = Field(120.0, gt=0)
     """Seconds a tool call may take (a tool's own ``timeout`` wins)."""
     timeout: float | None = Field(None, gt=0)
@@ -84,6 +89,13 @@ class Agent(BaseModel):
                 "instruction_files must be ordered organization, user, project, local "
                 "(a later level takes precedence)"
             )
+        return value
+
+    @field_validator("output_type", mode="before")
+    @classmethod
+    def _pydantic_model(cls, value: object) -> object:
+        if value is not None and not (isinstance(value, type) and issubclass(value, BaseModel)):
+            raise ValueError(f"output_type must be a pydantic BaseModel subclass, not {value!r}")
         return value
 
     @field_validator("tools", mode="before")

@@ -101,7 +101,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         result = await rt.run(definition, args.task, source=source, on_session=announce)
     result.raise_for_status()
     if not args.events:
-        print(result.output)
+        print(_output_text(result.output))
     return 0
 
 
@@ -129,7 +129,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
         await rt.aclose()
     result.raise_for_status()
     if not args.events:
-        print(result.output)
+        print(_output_text(result.output))
     return 0
 
 
@@ -209,6 +209,13 @@ def _print_node(node: RunNode, indent: str, last: bool, root: bool, calls: bool 
         )
     for i, child in enumerate(node.children):
         _print_node(child, child_indent, i == len(node.children) - 1, False, calls)
+
+
+def _output_text(output: object) -> str:
+    """A run's answer as printed: a structured answer as indented JSON."""
+    if isinstance(output, pydantic.BaseModel):
+        return output.model_dump_json(indent=2)
+    return str(output)
 
 
 def _prices(path: str | None) -> PriceTable:

@@ -24,13 +24,26 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import anyio
+import pydantic
 
 from anabranch import events as ev
 from anabranch.agents import Agent
 from anabranch.context._cache import place_breakpoints, system_digest, tools_digest
+from anabranch.context._output import (
+    describe_errors,
+    output_instructions,
+    output_retries_used,
+    parse_output,
+    retry_message,
+)
 from anabranch.context._prompt import SubagentInfo, assemble_system
 from anabranch.context._tokens import estimate_messages, estimate_request
-from anabranch.errors import MaxTurnsExceeded, ModelError, PromptTooLongError
+from anabranch.errors import (
+    MaxTurnsExceeded,
+    ModelError,
+    OutputValidationError,
+    PromptTooLongError,
+)
 from anabranch.messages import (
     Message,
     ModelRequest,
@@ -310,6 +323,8 @@ class AgentRun:
                 text = guidance(self.agent)
                 if isinstance(text, str) and text.strip():
                     texts.append(text)
+        if self.agent.output_type is not None:
+            texts.append(output_instructions(self.agent.output_type))
         return texts
 
     async def rebuild_snapshot(self, reason: str) -> bool:
@@ -476,6 +491,11 @@ class AgentRun:
                     await self.append(Message(role="user", content=tuple(results)))
                     continue
                 output = last.text
+                if self.agent.output_type is not None:
+                    checked = await self._checked_output(output)
+                    if checked is None:
+                        continue  # sent back with its validation errors
+                    output = checked
                 await self.env.store.finish_run(self.id, "done", output=output)
                 return output
             if self.turns - self.turn_base >= self.agent.max_turns:
@@ -489,6 +509,25 @@ class AgentRun:
             self.turns += 1
             self.last_usage = response.usage
             self.appended_since_usage = []
+
+    async def _checked_output(self, text: str) -> str | None:
+        """The answer as validated JSON; ``None`` after sending a failed one back.
+
+        Raises ``OutputValidationError`` (the run fails) once the retries are used up.
+        """
+        output_type = self.agent.output_type
+        assert output_type is not None
+        try:
+            return parse_output(text, output_type).model_dump_json()
+        except pydantic.ValidationError as error:
+            used = output_retries_used(self.context)
+            allowed = self.agent.output_retries
+            if used >= allowed:
+                failure = OutputValidationError(self.agent.name, used + 1, describe_errors(error))
+                await self.env.store.finish_run(self.id, "failed", error=str(failure))
+                raise failure from None
+            await self.append(retry_message(error, used + 1, allowed + 1))
+            return None
 
     async def request_once(
         self,

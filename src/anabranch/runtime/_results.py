@@ -9,7 +9,7 @@ another driver (``SessionError``), the store failing (``StoreError``), cancellat
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
@@ -41,7 +41,9 @@ class RunResult(BaseModel):
     run_id: str
     agent: str
     status: Literal["done", "failed"]
-    output: str
+    output: Any
+    """The final answer: its text, or, for an agent with an ``output_type``, an instance of
+    that model, validated (the text when the run failed)."""
     usage: Usage
     """Token usage of the whole session (every agent run in it)."""
     error: str | None = None
@@ -118,15 +120,20 @@ async def build_result(
     error: str | None = None,
     cause: BaseException | None = None,
     tasks: dict[str, TaskResult] | None = None,
+    output_type: type[BaseModel] | None = None,
 ) -> RunResult:
     """The result of a session (a ``GraphResult`` when ``tasks`` are given), with the
-    session's usage read from the store. Every result is built here."""
+    session's usage read from the store. Every result is built here. With ``output_type``
+    a finished session's output is that model, validated from its JSON."""
+    typed: Any = output or ""
+    if output_type is not None and status == "done" and output:
+        typed = output_type.model_validate_json(output)
     fields = {
         "session_id": session_id,
         "run_id": run_id,
         "agent": agent,
         "status": status,
-        "output": output or "",
+        "output": typed,
         "usage": await session_usage(store, session_id),
         "error": error,
     }

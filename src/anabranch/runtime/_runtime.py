@@ -21,7 +21,7 @@ from anabranch.errors import (
     SessionNotFoundError,
     UserError,
 )
-from anabranch.messages import Usage
+from anabranch.messages import Document, Image, Usage
 from anabranch.models._anthropic import AnthropicModel
 from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
@@ -45,6 +45,7 @@ from anabranch.runtime._results import GraphResult, RunResult, build_result, ses
 from anabranch.runtime._rewind import rewind_run
 from anabranch.runtime._session import SessionDriver, SessionEnd
 from anabranch.runtime._spawn import SpawnLimits, SpawnTool
+from anabranch.runtime._task_input import task_message, task_text
 from anabranch.store import BoundaryRecord, RunRecord, SessionRecord, SQLiteStore, Store
 from anabranch.store.sqlite import Synchronous
 from anabranch.traces import Tracing
@@ -242,7 +243,7 @@ class Runtime:
     async def run(
         self,
         agent: Agent,
-        task: str,
+        task: str | Sequence[str | Image | Document],
         *,
         source: str | None = None,
         on_session: Callable[[str], None] | None = None,
@@ -253,6 +254,8 @@ class Runtime:
         after a model failure it stays resumable.
 
         Args:
+            task: the request: a string, or a list of strings, ``Image`` and ``Document``
+                (one user turn, in that order).
             source: ``file.py:name`` the agent came from, so another process can resume it.
             on_session: called with the session id as soon as the session is committed.
 
@@ -261,13 +264,13 @@ class Runtime:
         """
         if not isinstance(agent, Agent):
             raise UserError(f"run() needs an Agent, got {type(agent).__name__}")
-        if not isinstance(task, str) or not task.strip():
-            raise UserError("the task must be a non-empty string")
+        first = task_message(task)
+        text = task if isinstance(task, str) else task_text(first)
         self.register(agent)
         session_id = await self.open_session(
             kind="agent",
             entry=agent.name,
-            task=task,
+            task=text,
             source=source,
             outline=_agent_outline(agent),
             on_session=on_session,
@@ -276,9 +279,9 @@ class Runtime:
 
         async def start() -> AgentRun:
             await memory_session_start(env, agent)
-            return await AgentRun.start(env, agent, task)
+            return await AgentRun.start(env, agent, [first])
 
-        return await self._drive_agent(session_id, agent.name, start, task=task)
+        return await self._drive_agent(session_id, agent.name, start, task=text)
 
     def stream(
         self,
@@ -487,6 +490,7 @@ class Runtime:
             output=end.output,
             error=end.error,
             cause=end.cause,
+            output_type=agent.output_type if (agent := self._agents.get(agent_name)) else None,
         )
 
     async def rewind(self, session_id: str, run_id: str, boundary_id: int) -> BoundaryRecord:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from anabranch.context._compaction import is_compaction_message
+from anabranch.context._output import schema_in
 from anabranch.context._tokens import estimate_messages, estimate_request
 from anabranch.messages import (
     Block,
@@ -208,6 +209,10 @@ class TestModel:
         callable_tools = [t for t in request.tools if t.name not in self.skip_tools]
         if callable_tools and rounds_done < self.rounds:
             return self._tool_calls(request, callable_tools, rounds_done)
+        schema = schema_in("\n".join(b.text for b in request.system))
+        if schema is not None:  # an output_type agent: answer with a schema-valid object
+            hint = " ".join(self._asked(request.messages).split())[:200]
+            return [TextBlock(text=canonical_json(arguments_for_schema(schema, hint=hint)))]
         return [TextBlock(text=self._report(request.messages))]
 
     @staticmethod
