@@ -13,7 +13,15 @@ import json
 import weakref
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "IMAGE_MEDIA_TYPES",
@@ -117,12 +125,15 @@ def _decode_data(value: Any) -> Any:
 
 
 class _Binary(_Frozen):
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_bytes="base64")
-
     @field_validator("data", mode="before", check_fields=False)
     @classmethod
     def _base64(cls, value: Any) -> Any:
         return _decode_data(value)
+
+    @field_serializer("data", when_used="json", check_fields=False)
+    def _as_base64(self, value: bytes | None) -> str | None:
+        """Standard base64 in JSON, exactly as the API carries it."""
+        return base64.b64encode(value).decode() if value is not None else None
 
     @property
     def size(self) -> int:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from anabranch.agents import Agent
-from anabranch.messages import ToolDefinition, ToolUseBlock
+from anabranch.messages import Document, Image, ToolDefinition, ToolUseBlock
 
 if TYPE_CHECKING:
     from anabranch.runtime._loop import AgentRun
@@ -20,6 +20,8 @@ class ToolOutcome:
 
     content: str
     is_error: bool = False
+    attachments: tuple[Image | Document, ...] = ()
+    """Images and documents the tool returned, after its text."""
 
 
 class BuiltinTool(Protocol):

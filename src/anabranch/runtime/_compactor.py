@@ -24,7 +24,7 @@ import json
 import logging
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span
@@ -161,7 +161,7 @@ class CompactingPipeline:
         if text is None:
             return outcome
         await run.env.store.save_spill(handle, run.id, call.id, outcome.content)
-        return ToolOutcome(text, outcome.is_error)
+        return replace(outcome, content=text)  # images and documents stay whole
 
     async def before_call(self, run: AgentRun) -> None:
         policy = run.agent.context

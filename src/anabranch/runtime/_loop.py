@@ -45,6 +45,9 @@ from anabranch.errors import (
     PromptTooLongError,
 )
 from anabranch.messages import (
+    Attachment,
+    Document,
+    Image,
     Message,
     ModelRequest,
     ModelResponse,
@@ -96,6 +99,19 @@ def new_id(prefix: str) -> str:
 
 def _message_json(message: Message) -> str:
     return canonical_json(message.model_dump(mode="json")["content"])
+
+
+_ATTACHMENTS: pydantic.TypeAdapter[list[Attachment]] = pydantic.TypeAdapter(list[Attachment])
+
+
+def _attachments_json(attachments: Sequence[Image | Document]) -> str | None:
+    if not attachments:
+        return None
+    return _ATTACHMENTS.dump_json(list(attachments)).decode()
+
+
+def _attachments(text: str | None) -> tuple[Image | Document, ...]:
+    return tuple(_ATTACHMENTS.validate_json(text)) if text else ()
 
 
 def _message_from_record(record: MessageRecord) -> Message:
@@ -624,6 +640,7 @@ class AgentRun:
                 created=time.time(),
                 snapshot_version=self.snapshot_version,
                 compactions=self.compactions,
+                settings=request.settings.cache_key(),
             ),
             (),
         )
@@ -695,7 +712,8 @@ class AgentRun:
             started = {e.call_id for e in events if e.event == "started"}
             marked = frozenset()
         outcomes: dict[str, ToolOutcome] = {
-            call_id: ToolOutcome(e.content or "", e.is_error) for call_id, e in finished.items()
+            call_id: ToolOutcome(e.content or "", e.is_error, _attachments(e.attachments))
+            for call_id, e in finished.items()
         }
         todo = [use for use in uses if use.id not in finished]
 
@@ -725,7 +743,10 @@ class AgentRun:
             outcome = await self.env.pipeline.ingest(self, use, outcomes[use.id])
             results.append(
                 ToolResultBlock(
-                    tool_use_id=use.id, content=outcome.content, is_error=outcome.is_error
+                    tool_use_id=use.id,
+                    content=outcome.content,
+                    is_error=outcome.is_error,
+                    attachments=outcome.attachments,
                 )
             )
         return results
@@ -750,6 +771,7 @@ class AgentRun:
             created=time.time(),
             content=outcome.content,
             is_error=outcome.is_error,
+            attachments=_attachments_json(outcome.attachments),
         )
 
     def _builtin(self, name: str) -> BuiltinTool | None:
@@ -802,5 +824,7 @@ class AgentRun:
                 else:
                     assert builtin is not None
                     outcome = await builtin.run(self, use)
-                self.env.tracing.tool_result(span, outcome.content, outcome.is_error)
+                self.env.tracing.tool_result(
+                    span, outcome.content, outcome.is_error, outcome.attachments
+                )
         return outcome

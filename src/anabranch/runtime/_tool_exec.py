@@ -12,10 +12,10 @@ import pydantic
 from pydantic_core import to_json
 
 from anabranch.agents import Tool, ToolContext
-from anabranch.messages import ToolUseBlock
+from anabranch.messages import Document, Image, ToolUseBlock
 from anabranch.runtime._builtins import ToolOutcome
 
-__all__ = ["render_output", "run_user_tool"]
+__all__ = ["render_outcome", "render_output", "run_user_tool"]
 
 _log = logging.getLogger("anabranch.tool")
 
@@ -27,6 +27,19 @@ def render_output(value: Any) -> str:
     if value is None:
         return ""
     return to_json(value, fallback=str).decode()
+
+
+def render_outcome(value: Any) -> ToolOutcome:
+    """A tool's return value as what the model sees: an ``Image`` or ``Document``, or a list
+    of strings, images and documents (text first, then the attachments, in order), or any
+    other value as text."""
+    if isinstance(value, Image | Document):
+        return ToolOutcome("", attachments=(value,))
+    if isinstance(value, list | tuple) and any(isinstance(v, Image | Document) for v in value):
+        texts = [render_output(v) for v in value if not isinstance(v, Image | Document)]
+        attachments = tuple(v for v in value if isinstance(v, Image | Document))
+        return ToolOutcome("\n".join(t for t in texts if t), attachments=attachments)
+    return ToolOutcome(render_output(value))
 
 
 def _validation_message(tool: Tool, exc: pydantic.ValidationError) -> str:
@@ -76,6 +89,6 @@ async def run_user_tool(
         _log.info("tool %s raised %r", tool.name, exc)
         return ToolOutcome(f"Tool {tool.name!r} failed: {type(exc).__name__}: {exc}", True)
     try:
-        return ToolOutcome(render_output(value))
+        return render_outcome(value)
     except Exception as exc:
         return ToolOutcome(f"Tool {tool.name!r} returned an unserializable value: {exc}", True)

@@ -98,6 +98,9 @@ class CallRecord:
     """The prompt snapshot (system + tools) the request was built from."""
     compactions: int | None = None
     """Compactions of the run before this request."""
+    settings: str | None = None
+    """What of the request's model settings keys the prompt cache (thinking, tool choice),
+    so a change of them is a named cache-break cause."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ class ToolEventRecord:
     content: str | None = None
     is_error: bool = False
     id: int | None = None
+    attachments: str | None = None
+    """JSON list of the images and documents a finished call returned (``None``: none)."""
 
 
 @dataclass(frozen=True)

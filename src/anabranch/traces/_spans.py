@@ -23,9 +23,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from anabranch.messages import (
+    Document,
+    Image,
     Message,
+    RedactedThinkingBlock,
     SystemBlock,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
@@ -84,6 +88,16 @@ def _links(refs: Sequence[SpanRef]) -> list[Link]:
     return links
 
 
+def _attachment_part(block: Image | Document) -> dict[str, Any]:
+    """An image or document as a span sees it: its kind and size, never its bytes."""
+    part: dict[str, Any] = {"type": block.type, "media_type": block.media_type}
+    if block.url is not None:
+        part["source"] = "url"
+    else:
+        part["size"] = block.size
+    return part
+
+
 def _parts(message: Message) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     for block in message.content:
@@ -94,10 +108,41 @@ def _parts(message: Message) -> list[dict[str, Any]]:
                 {"type": "tool_call", "id": block.id, "name": block.name, "arguments": block.input}
             )
         elif isinstance(block, ToolResultBlock):
-            parts.append(
-                {"type": "tool_call_response", "id": block.tool_use_id, "response": block.content}
-            )
+            part: dict[str, Any] = {
+                "type": "tool_call_response",
+                "id": block.tool_use_id,
+                "response": block.content,
+            }
+            if block.attachments:
+                part["attachments"] = [_attachment_part(a) for a in block.attachments]
+            parts.append(part)
+        elif isinstance(block, ThinkingBlock):
+            parts.append({"type": "reasoning", "content": block.thinking})
+        elif isinstance(block, RedactedThinkingBlock):
+            parts.append({"type": "reasoning", "redacted": True})
+        elif isinstance(block, Image | Document):
+            parts.append(_attachment_part(block))
     return parts
+
+
+def _message_json(message: Message) -> dict[str, Any]:
+    """A message for ``input.value``/``output.value``: payloads of images and documents
+    (and opaque thinking signatures) are replaced by their size."""
+    content: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, Image | Document):
+            content.append(_attachment_part(block))
+        elif isinstance(block, ToolResultBlock) and block.attachments:
+            dumped = block.model_dump(mode="json", exclude={"attachments"})
+            dumped["attachments"] = [_attachment_part(a) for a in block.attachments]
+            content.append(dumped)
+        elif isinstance(block, ThinkingBlock):
+            content.append({"type": "thinking", "thinking": block.thinking})
+        elif isinstance(block, RedactedThinkingBlock):
+            content.append({"type": "redacted_thinking"})
+        else:
+            content.append(block.model_dump(mode="json"))
+    return {"role": message.role, "content": content}
 
 
 def _semconv_messages(messages: Sequence[Message]) -> str:
@@ -291,7 +336,7 @@ class Tracing:
             attributes["gen_ai.conversation.compacted"] = True
         if self.capture_content and messages is not None:
             attributes["gen_ai.input.messages"] = _semconv_messages(messages)
-            attributes["input.value"] = _json([m.model_dump(mode="json") for m in messages])
+            attributes["input.value"] = _json([_message_json(m) for m in messages])
             attributes["input.mime_type"] = "application/json"
             if system:
                 attributes["gen_ai.system_instructions"] = _json(
@@ -326,7 +371,7 @@ class Tracing:
                     }
                 ]
             )
-            attributes["output.value"] = _json(output.model_dump(mode="json"))
+            attributes["output.value"] = _json(_message_json(output))
             attributes["output.mime_type"] = "application/json"
         _safe_set(span, attributes)
 
@@ -381,8 +426,20 @@ class Tracing:
         with self._span(f"execute_tool {tool}", SpanKind.INTERNAL, attributes) as span:
             yield span
 
-    def tool_result(self, span: Span, content: str, is_error: bool) -> None:
+    def tool_result(
+        self,
+        span: Span,
+        content: str,
+        is_error: bool,
+        attachments: Sequence[Image | Document] = (),
+    ) -> None:
+        """A tool's outcome; its images and documents by kind and size only, always."""
         attributes: dict[str, Any] = {"anabranch.tool.is_error": is_error}
+        if attachments:
+            attributes["anabranch.tool.attachments"] = [
+                f"{a.type} {a.media_type} {'url' if a.url else f'{a.size} bytes'}"
+                for a in attachments
+            ]
         if is_error:
             attributes["error.type"] = "tool_error"
             try:
@@ -535,4 +592,6 @@ def _usage_attributes(usage: Usage) -> dict[str, Any]:
         "llm.token_count.total": total_input + usage.output_tokens,
         "llm.token_count.prompt_details.cache_read": usage.cache_read_input_tokens,
         "llm.token_count.prompt_details.cache_write": usage.cache_creation_input_tokens,
+        "gen_ai.usage.reasoning.output_tokens": usage.thinking_tokens,
+        "llm.token_count.completion_details.reasoning": usage.thinking_tokens,
     }

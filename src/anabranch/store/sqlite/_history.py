@@ -73,6 +73,7 @@ class SQLiteHistory:
             "created": call.created,
             "snapshot_version": call.snapshot_version,
             "compactions": call.compactions,
+            "settings": call.settings,
         }
 
         def write(conn: sqlite3.Connection) -> int:

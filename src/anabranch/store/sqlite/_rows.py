@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from anabranch.store._records import MessageRecord, SnapshotRecord, ToolEventRecord
+from anabranch.store.sqlite._blobs import BLOB_COLUMNS, dehydrate, hydrate_rows
 
 __all__ = [
     "CALL_SQL",
@@ -46,7 +47,9 @@ CALL_SQL = """
 
 
 def insert(conn: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
-    """Insert one row; its rowid."""
+    """Insert one row; its rowid. Image and document payloads go to ``blobs`` (once)."""
+    if table in BLOB_COLUMNS:
+        values = dehydrate(conn, table, values)
     columns = ", ".join(values)
     marks = ", ".join("?" for _ in values)
     cursor = conn.execute(
@@ -58,10 +61,10 @@ def insert(conn: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
 def fetch_rows(
     conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()
 ) -> list[dict[str, Any]]:
-    """The rows of a query as column-name dicts."""
+    """The rows of a query as column-name dicts (blob references resolved)."""
     cursor = conn.execute(sql, tuple(params))
     names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return hydrate_rows(conn, [dict(zip(names, row, strict=True)) for row in cursor.fetchall()])
 
 
 def message_row(message: MessageRecord) -> dict[str, Any]:
@@ -84,6 +87,7 @@ def tool_event_row(event: ToolEventRecord) -> dict[str, Any]:
         "content": event.content,
         "is_error": int(event.is_error),
         "created": event.created,
+        "attachments": event.attachments,
     }
 
 

@@ -276,12 +276,23 @@ def _v5_history_search_external(db: sqlite_utils.Database) -> None:
         db.execute(statement)
 
 
+def _v6_content_blobs(db: sqlite_utils.Database) -> None:
+    """Images and documents stored once, by content hash (messages refer to them); the
+    attachments of a finished tool call; the cache-keying settings of each call."""
+    db.table("blobs").create(
+        {"digest": str, "data": str, "size": int, "created": float}, pk="digest"
+    )
+    db.table("tool_events").add_column("attachments", str)
+    db.table("calls").add_column("settings", str)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1,
     _v2_call_prefix,
     _v3_history_search,
     _v4_run_spans,
     _v5_history_search_external,
+    _v6_content_blobs,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
