@@ -20,7 +20,9 @@
             ├── RateLimitedError  429 (retryable; carries retry_after)
             ├── OverloadedError   529 or a mid-stream overloaded_error (retryable)
             ├── ServerError       5xx (retryable)
-            └── PromptTooLongError  400 "prompt is too long: N tokens > M maximum"
+            └── PromptTooLongError  the prompt is over the window of the model or the
+                                    channel ("prompt is too long: N tokens > M maximum",
+                                    a gateway's "Max Input Tokens=M, Got=N", ...)
 
 Invalid definitions (agents, policies, graphs) raise pydantic's ``ValidationError``.
 
@@ -186,12 +188,15 @@ class ModelAPIError(ModelError):
         error_type: str | None = None,
         retry_after: float | None = None,
         request_id: str | None = None,
+        gateway: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.error_type = error_type
         self.retry_after = retry_after
         self.request_id = request_id
+        self.gateway = gateway
+        """The gateway the answer came through (``"litellm"``, ...), seen in its headers."""
 
 
 class RateLimitedError(ModelAPIError):
@@ -210,13 +215,28 @@ _TOO_LONG = re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum")
 
 
 class PromptTooLongError(ModelAPIError):
-    """The request exceeded the model's context window."""
+    """The request exceeded the context window of the model or of the channel to it.
 
-    def __init__(self, message: str, **kwargs: object) -> None:
+    ``maximum`` is the limit the error states and ``tokens`` the channel's own count of
+    the rejected prompt, each ``None`` when the wording does not say.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        maximum: int | None = None,
+        tokens: int | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(message, **kwargs)  # type: ignore[arg-type]
         match = _TOO_LONG.search(message)
-        self.tokens: int | None = int(match.group(1)) if match else None
-        self.maximum: int | None = int(match.group(2)) if match else None
+        self.tokens: int | None = (
+            tokens if tokens is not None else (int(match.group(1)) if match else None)
+        )
+        self.maximum: int | None = (
+            maximum if maximum is not None else (int(match.group(2)) if match else None)
+        )
 
     @staticmethod
     def matches(message: str) -> bool:

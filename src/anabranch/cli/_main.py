@@ -8,7 +8,7 @@ import json
 import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -17,6 +17,7 @@ import pydantic
 from anabranch.agents import Agent, Graph
 from anabranch.cli import _compaction, _memory, _testing, _ui
 from anabranch.cli._common import CliError, Handler, add_command
+from anabranch.cli._limits import declared_windows, window_labels
 from anabranch.cli._progress import add_progress_arguments, event_printer
 from anabranch.context._pricing import Cost, PriceTable
 from anabranch.errors import AnabranchError, UserError
@@ -166,7 +167,14 @@ def _cost(cost: Cost, unpriced: int) -> str:
     return text + (f" (+{unpriced} unpriced calls)" if unpriced else "")
 
 
-def _print_node(node: RunNode, indent: str, last: bool, root: bool, calls: bool = False) -> None:
+def _print_node(
+    node: RunNode,
+    indent: str,
+    last: bool,
+    root: bool,
+    calls: bool = False,
+    windows: Mapping[str, str] | None = None,
+) -> None:
     run = node.run
     usage = node.usage
     branch = "" if root else ("└─ " if last else "├─ ")
@@ -187,6 +195,8 @@ def _print_node(node: RunNode, indent: str, last: bool, root: bool, calls: bool 
         stats += f" failed_attempts={node.failed_attempts}"
     if node.cache_breaks:
         stats += f" cache_breaks={len(node.cache_breaks)}"
+    if windows and run.id in windows:
+        stats += f" {windows[run.id]}"
     print(f"{indent}{branch}{label} {run.id}  {stats}")
     child_indent = indent if root else indent + ("   " if last else "│  ")
     inner = child_indent + ("│  " if node.children else "   ")
@@ -208,7 +218,7 @@ def _print_node(node: RunNode, indent: str, last: bool, root: bool, calls: bool 
             f"(read {found.actual_read} of {found.expected_read} tokens)"
         )
     for i, child in enumerate(node.children):
-        _print_node(child, child_indent, i == len(node.children) - 1, False, calls)
+        _print_node(child, child_indent, i == len(node.children) - 1, False, calls, windows)
 
 
 def _output_text(output: object) -> str:
@@ -270,14 +280,17 @@ async def cmd_show(args: argparse.Namespace) -> int:
             await _print_snapshots(rt.store, session, run)
             return 0
         roots = await session_tree(rt.store, session.id, prices)
+        runs = {r.id: r.agent_name for r in await rt.store.list_runs(session.id)}
+        limits = await rt.store.run_context_limits(session.id)
     finally:
         await rt.aclose()
+    windows = window_labels(runs, limits, declared_windows(session))
     totals = tree_totals(roots)
     usage = totals.usage
     print(f"session {session.id}  status={session.status}  created={_when(session.created)}")
     print(f"task: {session.task}")
     for root in roots:
-        _print_node(root, "", True, True, args.calls)
+        _print_node(root, "", True, True, args.calls, windows)
     if session.kind == "graph" and session.definition:
         ran = {root.run.task_id for root in roots}
         for task in json.loads(session.definition).get("tasks", []):

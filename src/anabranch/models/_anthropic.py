@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import email.utils
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,14 +9,7 @@ from typing import Any
 import anthropic
 import httpx2
 
-from anabranch.errors import (
-    ModelAPIError,
-    ModelConnectionError,
-    OverloadedError,
-    PromptTooLongError,
-    RateLimitedError,
-    ServerError,
-)
+from anabranch.errors import ModelConnectionError, UserError
 from anabranch.messages import (
     Block,
     CacheTTL,
@@ -37,6 +28,8 @@ from anabranch.messages import (
     Usage,
 )
 from anabranch.models._base import DeltaSink
+from anabranch.models._errors import api_error
+from anabranch.models._gateway import GatewayNotice, public_channel
 
 __all__ = ["AnthropicModel", "block_param", "request_to_params", "settings_params"]
 
@@ -56,7 +49,13 @@ class AnthropicModel:
         base_url: str | None = None,
         timeout: float = 600.0,
         client: anthropic.AsyncAnthropic | None = None,
+        context_window: int | None = None,
     ) -> None:
+        if context_window is not None and context_window <= 0:
+            raise UserError(f"context_window must be a positive token count, not {context_window}")
+        self.context_window = context_window
+        """The window this channel enforces, when known (e.g. a gateway's limit); every
+        agent on this model compacts within it, whatever window it declares."""
         self._client = client or anthropic.AsyncAnthropic(
             api_key=api_key,
             base_url=base_url,
@@ -64,23 +63,36 @@ class AnthropicModel:
             max_retries=0,
             open_telemetry=False,
         )
+        self._gateway = GatewayNotice(self.channel)
 
     @property
     def base_url(self) -> str:
         return str(self._client.base_url)
 
+    @property
+    def channel(self) -> str:
+        """Where calls go, as context limits are keyed: the base URL without credentials."""
+        return public_channel(self.base_url)
+
+    @property
+    def gateway(self) -> str | None:
+        """The gateway seen in the responses so far (``"litellm"``, ...), if any."""
+        return self._gateway.gateway
+
     async def request(self, request: ModelRequest) -> ModelResponse:
         params = request_to_params(request)
-        with _map_errors():
+        with _map_errors(self._gateway):
             async with self._client.messages.stream(**params) as stream:
+                self._gateway.seen(stream.response.headers)
                 final = await stream.get_final_message()
         return _response_from_sdk(final)
 
     async def request_streaming(self, request: ModelRequest, on_delta: DeltaSink) -> ModelResponse:
         """``request``, handing each text and thinking delta to ``on_delta`` as it arrives."""
         params = request_to_params(request)
-        with _map_errors():
+        with _map_errors(self._gateway):
             async with self._client.messages.stream(**params) as stream:
+                self._gateway.seen(stream.response.headers)
                 async for event in stream:
                     if event.type == "text":
                         on_delta("text", event.text)
@@ -98,7 +110,7 @@ class AnthropicModel:
             params["extra_body"] = {
                 k: v for k, v in body.items() if k not in ("temperature", "top_p", "top_k")
             }
-        with _map_errors():
+        with _map_errors(self._gateway):
             result = await self._client.messages.count_tokens(**params)
         return int(result.input_tokens)
 
@@ -278,28 +290,8 @@ def _thinking_tokens(usage: Any) -> int:
     return int(getattr(details, "thinking_tokens", 0) or 0) if details is not None else 0
 
 
-def _retry_after(response: Any) -> float | None:
-    if response is None:
-        return None
-    headers = response.headers
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms:
-        try:
-            return float(raw_ms) / 1000.0
-        except ValueError:
-            pass
-    raw = headers.get("retry-after")
-    if not raw:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        parsed = email.utils.parsedate_to_datetime(raw)
-        return max(0.0, parsed.timestamp() - time.time())
-
-
 @contextmanager
-def _map_errors() -> Iterator[None]:
+def _map_errors(notice: GatewayNotice | None = None) -> Iterator[None]:
     """Translate SDK exceptions into ours, keeping the original as ``__cause__``."""
     try:
         yield
@@ -308,20 +300,15 @@ def _map_errors() -> Iterator[None]:
     except httpx2.TransportError as exc:  # a stream broken after the headers arrived
         raise ModelConnectionError(f"connection to the model API broke: {exc!r}") from exc
     except anthropic.APIStatusError as exc:
-        message = exc.api_message or str(exc)
-        kwargs: dict[str, Any] = {
-            "status_code": exc.status_code,
-            "error_type": exc.type,
-            "request_id": exc.request_id,
-            "retry_after": _retry_after(getattr(exc, "response", None)),
-        }
-        status = exc.status_code
-        if exc.type == "overloaded_error" or status == 529:
-            raise OverloadedError(message, **kwargs) from exc
-        if exc.type == "rate_limit_error" or status == 429:
-            raise RateLimitedError(message, **kwargs) from exc
-        if PromptTooLongError.matches(message):
-            raise PromptTooLongError(message, **kwargs) from exc
-        if exc.type == "api_error" or (status is not None and status >= 500):
-            raise ServerError(message, **kwargs) from exc
-        raise ModelAPIError(message, **kwargs) from exc
+        response = getattr(exc, "response", None)
+        headers = response.headers if response is not None else None
+        if notice is not None:
+            notice.seen(headers)
+        raise api_error(
+            exc.api_message or str(exc),
+            status_code=exc.status_code,
+            error_type=exc.type,
+            body=exc.body,
+            headers=headers,
+            request_id=exc.request_id,
+        ) from exc

@@ -1,7 +1,15 @@
-"""Retry policy for model calls: exponential backoff with jitter, honouring retry-after."""
+"""Retry policy for model calls: exponential backoff with jitter, honouring retry-after.
+
+Behind a gateway that retries on its own, the attempts multiply: LiteLLM's two retries
+under six attempts of ours make up to eighteen upstream calls. Once an error shows a
+gateway (``ModelAPIError.gateway``), the policy divides its attempts by the gateway's
+(``gateway_retries``, by default the gateway's documented default), so a model call makes
+about ``max_attempts`` upstream attempts in all, whichever side retries.
+"""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -9,7 +17,14 @@ from typing import TypeVar
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from anabranch.errors import ModelAPIError, ModelError, PromptTooLongError
+from anabranch.errors import (
+    ModelAPIError,
+    ModelError,
+    OverloadedError,
+    PromptTooLongError,
+    RateLimitedError,
+)
+from anabranch.models._gateway import GATEWAY_DEFAULT_RETRIES
 
 __all__ = ["RetryPolicy", "retrying"]
 
@@ -22,20 +37,40 @@ class RetryPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_attempts: int = Field(6, ge=1)
+    """Upstream attempts per model call, counting a gateway's own retries."""
     base_delay: float = Field(0.5, ge=0)
     max_delay: float = Field(30.0, ge=0)
     max_retry_after: float = Field(120.0, ge=0)
     """Longest server-requested wait that is honoured as-is."""
+    throttled_base_delay: float = Field(2.0, ge=0)
+    """First wait after a rate limit or overload that came through a gateway without
+    ``retry-after`` (LiteLLM drops it); doubled per attempt up to ``max_delay``."""
+    gateway_retries: int | None = Field(None, ge=0)
+    """Retries a detected gateway makes on its own per attempt of ours. ``None``: its
+    documented default (LiteLLM: 2); set 0 once its retries are turned off."""
+
+    def attempts_for(self, error: ModelError) -> int:
+        """How many attempts of ours a call failing with ``error`` gets."""
+        gateway = error.gateway if isinstance(error, ModelAPIError) else None
+        if gateway is None:
+            return self.max_attempts
+        retries = self.gateway_retries
+        if retries is None:
+            retries = GATEWAY_DEFAULT_RETRIES.get(gateway, 0)
+        return max(1, math.ceil(self.max_attempts / (1 + retries)))
 
     def delay(self, attempt: int, error: ModelError) -> float:
         """Seconds to wait before attempt ``attempt + 1`` (attempts count from 1)."""
         if isinstance(error, ModelAPIError) and error.retry_after is not None:
             return min(max(error.retry_after, 0.0), self.max_retry_after)
-        backoff = min(self.base_delay * 2.0 ** (attempt - 1), self.max_delay)
+        base = self.base_delay
+        if isinstance(error, RateLimitedError | OverloadedError) and error.gateway:
+            base = max(base, self.throttled_base_delay)
+        backoff = min(base * 2.0 ** (attempt - 1), self.max_delay)
         return backoff * (1 - 0.25 * random.random())
 
     def should_retry(self, attempt: int, error: ModelError) -> bool:
-        return error.retryable and attempt < self.max_attempts
+        return error.retryable and attempt < self.attempts_for(error)
 
 
 async def retrying(

@@ -23,7 +23,6 @@ import inspect
 import json
 import logging
 import time
-import weakref
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +55,7 @@ from anabranch.messages import (
     messages_to_json,
 )
 from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._limits import ChannelLimits
 from anabranch.runtime._loop import _message_json
 from anabranch.store import BoundaryRecord, MessageRecord
 
@@ -123,8 +123,9 @@ def summary_max_tokens(threshold: int, agent_max_tokens: int) -> int:
 class CompactingPipeline:
     """The default ``ContextPipeline`` (see the module docstring).
 
-    A ``prompt is too long`` answer that names the maximum also teaches the pipeline the
-    real limit for that run (in memory): later turns compact at ``compact_at`` of it.
+    A ``prompt is too long`` answer (from the API, a gateway or a cloud) that names the
+    maximum also teaches the pipeline the real limit of that model on that channel (see
+    ``runtime._limits``): later turns of every run on it compact at ``compact_at`` of it.
 
     Args:
         max_reactive_attempts: how many times one call may be compacted again after a
@@ -133,19 +134,18 @@ class CompactingPipeline:
 
     def __init__(self, *, max_reactive_attempts: int = 3) -> None:
         self.max_reactive_attempts = max_reactive_attempts
-        self._learned: weakref.WeakKeyDictionary[AgentRun, int] = weakref.WeakKeyDictionary()
+        self.limits = ChannelLimits()
 
     def window(self, run: AgentRun) -> int:
-        """The run's window: its policy's, or less if the API said so."""
-        window = run.agent.context.window
-        return min(window, self._learned.get(run, window))
+        """The run's window: its policy's, or less if its channel said so."""
+        return self.limits.window(run)
 
     def threshold(self, run: AgentRun) -> int:
         """Where compaction starts for ``run`` (see ``window``)."""
-        learned = self._learned.get(run)
+        learned = self.limits.get(run)
         if learned is None:
             return run.threshold
-        return min(run.threshold, int(learned * run.agent.context.compact_at))
+        return min(run.threshold, int(learned.window * run.agent.context.compact_at))
 
     # ------------------------------------------------------------------ pipeline
     async def ingest(self, run: AgentRun, call: ToolUseBlock, outcome: ToolOutcome) -> ToolOutcome:
@@ -164,10 +164,11 @@ class CompactingPipeline:
         return replace(outcome, content=text)  # images and documents stay whole
 
     async def before_call(self, run: AgentRun) -> None:
+        await self.limits.prepare(run)
         policy = run.agent.context
         if (
             policy.clear_tool_results_after is not None
-            and run.context_tokens > policy.window * policy.clear_at
+            and run.context_tokens > self.window(run) * policy.clear_at
         ):
             await self.clear(run)
         if run.context_tokens >= self.threshold(run):
@@ -176,8 +177,7 @@ class CompactingPipeline:
     async def on_prompt_too_long(
         self, run: AgentRun, error: PromptTooLongError, attempt: int
     ) -> bool:
-        if error.maximum:
-            self._learned[run] = min(error.maximum, self._learned.get(run, error.maximum))
+        await self.limits.learn(run, error)
         if attempt > self.max_reactive_attempts:
             return False
         outcome = await self.compact(run, trigger="reactive", level=attempt)
@@ -403,8 +403,11 @@ class CompactingPipeline:
                 except PromptTooLongError as exc:
                     errors.append(f"{model}: {exc}")
                     room = min(room, estimate_messages(messages)) // 2
-                    if exc.maximum:
-                        room = min(room, exc.maximum - max_tokens - fixed)
+                    learned = await self.limits.learn(
+                        run, exc, model=model, estimate=estimate_request(request)
+                    )
+                    if learned is not None:
+                        room = min(room, learned.window - max_tokens - fixed)
                     continue
                 except ModelError as exc:
                     errors.append(f"{model}: {type(exc).__name__}: {exc}")

@@ -5,6 +5,7 @@ Knows nothing of models or contexts."""
 from anabranch.store._protocol import Store as Store
 from anabranch.store._records import BoundaryRecord as BoundaryRecord
 from anabranch.store._records import CallRecord as CallRecord
+from anabranch.store._records import ContextLimitRecord as ContextLimitRecord
 from anabranch.store._records import HistoryHit as HistoryHit
 from anabranch.store._records import MessageRecord as MessageRecord
 from anabranch.store._records import RunRecord as RunRecord
@@ -18,6 +19,7 @@ from anabranch.store.sqlite import SQLiteStore as SQLiteStore
 __all__ = [
     "BoundaryRecord",
     "CallRecord",
+    "ContextLimitRecord",
     "HistoryHit",
     "MessageRecord",
     "RunRecord",

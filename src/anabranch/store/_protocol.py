@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from anabranch.store._records import (
     BoundaryRecord,
     CallRecord,
+    ContextLimitRecord,
     HistoryHit,
     MessageRecord,
     RunRecord,
@@ -213,4 +214,16 @@ class Store(Protocol):
     async def run_spans(self, run_id: str, limit: int | None = None) -> list[tuple[str, str]]:
         """``(trace_id, span_id)`` of the earlier drives of a run (the latest ``limit`` of
         them, if given), oldest first."""
+        ...
+
+    async def save_context_limit(self, limit: ContextLimitRecord) -> None:
+        """Record a limit a channel taught (or that was configured), or a run's limit."""
+        ...
+
+    async def context_limit(self, model: str, channel: str) -> ContextLimitRecord | None:
+        """The latest limit taught for ``model`` on ``channel`` (rows without a run)."""
+        ...
+
+    async def run_context_limits(self, session_id: str) -> list[ContextLimitRecord]:
+        """The limits the session's runs started with or learned, oldest first."""
         ...

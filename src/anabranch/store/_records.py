@@ -8,6 +8,7 @@ from typing import Literal
 __all__ = [
     "BoundaryRecord",
     "CallRecord",
+    "ContextLimitRecord",
     "HistoryHit",
     "MessageRecord",
     "RunRecord",
@@ -177,3 +178,25 @@ class HistoryHit:
     ref: str
     """The message seq (as text) or the spill handle."""
     snippet: str
+
+
+@dataclass(frozen=True)
+class ContextLimitRecord:
+    """A context limit one channel enforces for one model, learned or configured.
+
+    Rows without ``run_id`` are what a channel taught (kept per ``(model, channel)`` for
+    later runs and sessions); rows with one say which limit a run started with or learned.
+    """
+
+    model: str
+    channel: str
+    """Where calls went: a base URL without credentials, or a cloud (``bedrock:us-east-1``)."""
+    maximum: int
+    """The limit as the channel stated it, in its own tokens."""
+    ratio: float
+    """The channel's token count over anabranch's estimate of the same prompt."""
+    window: int
+    """The limit in anabranch's estimate (``maximum / ratio``)."""
+    source: Literal["learned", "configured"]
+    created: float
+    run_id: str | None = None

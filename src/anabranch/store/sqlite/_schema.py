@@ -286,6 +286,26 @@ def _v6_content_blobs(db: sqlite_utils.Database) -> None:
     db.table("calls").add_column("settings", str)
 
 
+def _v7_context_limits(db: sqlite_utils.Database) -> None:
+    """Context limits channels taught per (model, channel), and the limit each run used."""
+    db.table("context_limits").create(
+        {
+            "id": int,
+            "model": str,
+            "channel": str,
+            "maximum": int,
+            "ratio": float,
+            "window": int,
+            "source": str,
+            "run_id": str,
+            "created": float,
+        },
+        pk="id",
+    )
+    db.table("context_limits").create_index(["model", "channel"])
+    db.table("context_limits").create_index(["run_id"])
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1,
     _v2_call_prefix,
@@ -293,6 +313,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v4_run_spans,
     _v5_history_search_external,
     _v6_content_blobs,
+    _v7_context_limits,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -29,6 +29,7 @@ from anabranch.store._records import (
 )
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._history import SQLiteHistory
+from anabranch.store.sqlite._limits import SQLiteContextLimits
 from anabranch.store.sqlite._open import Synchronous, open_connection
 from anabranch.store.sqlite._rows import (
     RUN_SQL,
@@ -42,7 +43,7 @@ from anabranch.store.sqlite._rows import (
 __all__ = ["SQLiteStore", "Synchronous"]
 
 
-class SQLiteStore(SQLiteHistory):
+class SQLiteStore(SQLiteHistory, SQLiteContextLimits):
     """Async store over one SQLite file. Open with ``await SQLiteStore.open(path)``."""
 
     def __init__(self, path: Path, sql: GroupCommitConnection) -> None:

@@ -1,0 +1,200 @@
+"""Through a real LiteLLM proxy (its own venv, 127.0.0.1) in front of the local Messages API.
+
+One proxy serves the module, with two model groups:
+
+- ``claude-sonnet-5-5`` to a clean upstream, with a window enforced by the gateway itself
+  (``model_info.max_input_tokens`` + ``enable_pre_call_checks``) far below the agents'
+  declared ones: a supervisor with compacting sub-agents must still finish with every
+  sub-agent done and its findings in the answer, and a later session on the same database
+  must start with the limit learned;
+- ``claude-haiku-4-5`` to an upstream that fails, with LiteLLM's default retries left on:
+  upstream attempts per model call stay within ``RetryPolicy.max_attempts``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import anyio
+import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from pydantic import Field
+
+from anabranch import Agent, ContextPolicy, RetryPolicy, Runtime, ToolContext, tool
+from anabranch.errors import OverloadedError
+from anabranch.models import AnthropicModel
+from anabranch.testing import MessagesServer, TestModel
+
+from .litellm_proxy import MASTER_KEY, Deployment, running_proxy
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+GATEWAY_WINDOW = 2_500
+"""The gateway's ``max_input_tokens``: a fortieth of the smallest declared window."""
+WINDOWED = "claude-sonnet-5-5"
+FAILING = "claude-haiku-4-5"
+
+
+@dataclass
+class Gateway:
+    base_url: str
+    clean: MessagesServer
+    failing: MessagesServer
+    log_path: Path
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    workdir = tmp_path_factory.mktemp("litellm")
+    portal: BlockingPortal
+    with start_blocking_portal() as portal:
+        clean_cm = portal.wrap_async_context_manager(MessagesServer(TestModel(rounds=6)))
+        failing_cm = portal.wrap_async_context_manager(
+            MessagesServer(TestModel(), fault_rate=1.0, fault_kinds=["overloaded"])
+        )
+        with clean_cm as clean, failing_cm as failing:
+            deployments = [
+                Deployment(WINDOWED, clean.base_url, max_input_tokens=GATEWAY_WINDOW),
+                Deployment(FAILING, failing.base_url),
+            ]
+            with running_proxy(deployments, workdir) as proxy:
+                yield Gateway(proxy.base_url, clean, failing, proxy.log_path)
+
+
+@tool
+async def read_chapter(
+    chapter: Annotated[int, Field(description="Chapter number, from 1", ge=1)], ctx: ToolContext
+) -> str:
+    """Read one chapter of the survey archive (long)."""
+    return f"FINDING archivist {ctx.call_id[-8:]}. " + "The river bank silted at the ford. " * 40
+
+
+@tool
+async def search_ledger(
+    words: Annotated[str, Field(description="Words to look for")], ctx: ToolContext
+) -> str:
+    """Search the survey ledger."""
+    return f"FINDING analyst {ctx.call_id[-8:]}. " + "The gauge read high after the flood. " * 40
+
+
+def _policy(window: int, strategy: str = "summarize") -> ContextPolicy:
+    return ContextPolicy(
+        window=window,
+        compact_at=0.7,
+        output_reserve=300,
+        keep_recent=4,
+        strategy=strategy,  # type: ignore[arg-type]
+        tool_result_max_chars=1_200,
+        tool_result_preview_chars=300,
+    )
+
+
+def _supervisor() -> Agent:
+    archivist = Agent(
+        name="archivist",
+        model=WINDOWED,
+        instructions="Read the archive and report what you found.",
+        tools=[read_chapter],
+        context=_policy(100_000),
+        max_turns=40,
+        max_report_tokens=200,
+    )
+    analyst = Agent(
+        name="analyst",
+        model=WINDOWED,
+        instructions="Search the ledger and report what you found.",
+        tools=[search_ledger],
+        context=_policy(100_000, "verbatim"),
+        max_turns=40,
+        max_report_tokens=200,
+    )
+    return Agent(
+        name="supervisor",
+        model=WINDOWED,
+        instructions="Delegate to the archivist and the analyst, then write the answer.",
+        subagents=[archivist, analyst],
+        context=_policy(200_000),
+        max_turns=40,
+    )
+
+
+FAST = RetryPolicy(max_attempts=6, base_delay=0.0, max_delay=0.0, throttled_base_delay=0.0)
+
+
+def _refusals(gateway: Gateway) -> int:
+    """Requests the proxy refused with 400 (its access log), e.g. by its pre-call check."""
+    log = gateway.log_path.read_text(errors="replace")
+    return sum(1 for line in log.splitlines() if '"POST /v1/messages' in line and '" 400' in line)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_supervisor_behind_a_gateway_window_finishes_with_every_finding(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    db = tmp_path / "gw.db"
+    model = AnthropicModel(base_url=gateway.base_url, api_key=MASTER_KEY)
+    before = len(gateway.clean.log)
+    try:
+        with anyio.fail_after(240):
+            async with Runtime(db=db, model=model, retry=FAST) as rt:
+                result = await rt.run(_supervisor(), "Survey the river.")
+                runs = await rt.store.list_runs(result.session_id)
+                boundaries = await rt.store.list_boundaries(session_id=result.session_id)
+    finally:
+        await model.aclose()
+    assert result.status == "done", result.error
+    children = [r for r in runs if r.parent_run_id is not None]
+    assert {r.agent_name for r in children} == {"archivist", "analyst"}
+    assert all(r.status == "done" for r in children), [(r.agent_name, r.error) for r in children]
+    for child in children:  # each report reached the answer (the snippet the model quotes)
+        assert child.output and child.output.split("\n")[1][:60].lstrip("- ") in " ".join(
+            result.output.split()
+        ), (child.agent_name, child.output[:200], result.output[:600])
+    assert "FINDING archivist" in result.output and "FINDING analyst" in result.output
+    assert model.gateway == "litellm"
+    # the gateway refused at its window; the runs compacted (reactively, then in time)
+    triggers = {b.trigger for b in boundaries if b.kind == "compaction" and b.status == "ok"}
+    assert "reactive" in triggers and "auto" in triggers
+    upstream = gateway.clean.log[before:]
+    assert upstream and all(r.status == 200 for r in upstream)
+    refusals = _refusals(gateway)
+    assert refusals > 0
+
+    # the next session, in a fresh runtime, starts with the limit the first one learned
+    model = AnthropicModel(base_url=gateway.base_url, api_key=MASTER_KEY)
+    try:
+        with anyio.fail_after(240):
+            async with Runtime(db=db, model=model, retry=FAST) as rt:
+                again = await rt.run(_supervisor(), "Survey the river.")
+                limits = await rt.store.run_context_limits(again.session_id)
+                runs = await rt.store.list_runs(again.session_id)
+    finally:
+        await model.aclose()
+    assert again.status == "done"
+    assert {r.run_id for r in limits} == {r.id for r in runs}
+    assert all(r.source == "learned" and r.maximum == GATEWAY_WINDOW for r in limits)
+    assert _refusals(gateway) == refusals, "a later session was refused again"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_sustained_fault_through_the_gateway_is_not_amplified(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    """LiteLLM retries twice by default: 2 attempts of ours make 6 upstream, not 18."""
+    agent = Agent(name="worker", model=FAILING, instructions="Answer.", context=_policy(50_000))
+    model = AnthropicModel(base_url=gateway.base_url, api_key=MASTER_KEY)
+    before = len(gateway.failing.log)
+    try:
+        with anyio.fail_after(120):
+            async with Runtime(db=tmp_path / "f.db", model=model, retry=FAST) as rt:
+                with pytest.raises(OverloadedError) as failed:
+                    await rt.run(agent, "Hello")
+    finally:
+        await model.aclose()
+    assert failed.value.gateway == "litellm" and failed.value.status_code == 500
+    upstream = len(gateway.failing.log) - before
+    assert upstream <= FAST.max_attempts, upstream
+    assert upstream >= 2  # the gateway did retry beneath us, and so did we
