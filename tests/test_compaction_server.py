@@ -61,7 +61,7 @@ async def test_long_task_recovers_prompt_too_long_through_the_sdk(tmp_path: Path
     assert result.status == "done"
     _assert_api_accepted_everything(srv)
     supervisor = [b for agent, b in boundaries if agent == "supervisor"]
-    assert supervisor and all(b.status == "ok" for b in supervisor)
+    assert any(b.kind == "compaction" and b.status == "ok" for b in supervisor)
     # the first refusal (the supervisor's summarizer call) taught the pipeline the limit,
     # so no later request of that model on this server was refused again
     refused = [r for r in srv.log if r.status == 400]

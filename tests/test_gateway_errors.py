@@ -15,6 +15,7 @@ from anabranch.errors import (
     OverloadedError,
     PromptTooLongError,
     RateLimitedError,
+    RunFailedError,
     ServerError,
 )
 from anabranch.messages import Message, ModelRequest
@@ -220,10 +221,11 @@ async def test_a_sustained_overload_behind_a_gateway_is_tried_a_bounded_number_o
                 retry = RetryPolicy(max_attempts=6, base_delay=0, max_delay=0)
                 try:
                     async with Runtime(db=tmp_path / "r.db", model=model, retry=retry) as rt:
-                        with pytest.raises(OverloadedError):
-                            await rt.run(_worker(100_000), "Research SQLite")
+                        with pytest.raises(RunFailedError) as failed:
+                            (await rt.run(_worker(100_000), "Research SQLite")).raise_for_status()
                 finally:
                     await model.aclose()
+    assert isinstance(failed.value.__cause__, OverloadedError)
     # the shim does not retry, so the 2 attempts of ours are all that reached upstream;
     # behind LiteLLM's default 2 retries that is 6 upstream attempts, not 18
     assert len(srv.log) == 2

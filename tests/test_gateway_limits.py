@@ -9,7 +9,7 @@ import pytest
 
 from anabranch import Agent, ContextPolicy, RetryPolicy, Runtime
 from anabranch.cli import main
-from anabranch.errors import OverloadedError, UserError
+from anabranch.errors import UserError
 from anabranch.models import AnthropicModel
 from anabranch.models._gateway import public_channel
 from anabranch.store import SQLiteStore
@@ -62,10 +62,10 @@ async def test_a_resumed_run_and_the_next_session_start_with_the_learned_limit(
                 try:
                     async with Runtime(db=db, model=model, retry=FAST) as rt:
                         ids: list[str] = []
-                        with pytest.raises(OverloadedError):
-                            await rt.run(_worker(), "Research SQLite", on_session=ids.append)
+                        failed = await rt.run(_worker(), "Research SQLite", on_session=ids.append)
                 finally:
                     await model.aclose()
+                assert failed.status == "failed" and "Overloaded" in (failed.error or "")
                 assert len(gw.refused) == 1
                 srv.faults.rate = 0.0
                 # 2. a new process (a fresh pipeline) resumes: the limit comes from the store
