@@ -15,7 +15,8 @@ from typing import Any
 
 from anabranch import Agent, ContextPolicy, Message, ModelRequest, ModelResponse, Usage, tool
 from anabranch.messages import TextBlock, ToolUseBlock
-from anabranch.runtime._loop import AgentRun, Environment, new_id
+from anabranch.runtime._environment import Environment
+from anabranch.runtime._loop import AgentRun, new_id
 from anabranch.runtime._runtime import Runtime
 from anabranch.store import SessionRecord, SQLiteStore
 from bench.common import tool_result_for

@@ -41,7 +41,7 @@ def agent(**fields: object) -> Agent:
         "tools": [probe],
     }
     defaults.update(fields)
-    return Agent(**defaults)  # type: ignore[arg-type]
+    return Agent(**defaults)
 
 
 def tool_loop(

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
+
+import anyio
 
 from anabranch.errors import RunFailedError
 from anabranch.messages import Block, ModelRequest, TextBlock, ToolUseBlock
 from anabranch.runtime import RunResult
+from anabranch.store import SQLiteStore, Store
 
 _ids = itertools.count(1)
 
@@ -50,3 +53,19 @@ def failed_with(result: RunResult, kind: type[E], match: str | None = None) -> E
             assert re.search(match, str(cause)), f"{cause} does not match {match!r}"
         return cause
     raise AssertionError("raise_for_status() did not raise for a failed session")
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[bool]], *, within: float = 30.0, interval: float = 0.005
+) -> None:
+    """Poll ``check()`` until it is true, for at most ``within`` seconds (the store has no
+    change notifications to wait on); fails the test at the deadline."""
+    with anyio.fail_after(within):
+        while not await check():  # noqa: ASYNC110 - polling another connection's commits
+            await anyio.sleep(interval)
+
+
+async def sql(store: Store, query: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """Read-only SQL on the store behind a runtime (these tests use the SQLite backend)."""
+    assert isinstance(store, SQLiteStore), f"SQL checks need the SQLite store, not {store!r}"
+    return await store.query(query, params)

@@ -7,8 +7,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import anyio
-
 from anabranch.context._pairing import pairing_violations
 from anabranch.messages import (
     Block,
@@ -18,8 +16,10 @@ from anabranch.messages import (
     ToolUseBlock,
     canonical_json,
 )
-from anabranch.store import RunRecord, SQLiteStore
+from anabranch.store import RunRecord, Store
 from anabranch.testing import FunctionModel
+
+from .helpers import wait_until
 
 Handler = Callable[[ModelRequest], Any]
 
@@ -70,21 +70,21 @@ def reply(*blocks: Block) -> list[Block]:
     return list(blocks)
 
 
-async def run_messages(store: SQLiteStore, run_id: str) -> list[Message]:
+async def run_messages(store: Store, run_id: str) -> list[Message]:
     return [
         Message.model_validate({"role": r.role, "content": json.loads(r.content)})
         for r in await store.load_messages(run_id)
     ]
 
 
-async def runs_by_agent(store: SQLiteStore, session_id: str) -> dict[str, list[RunRecord]]:
+async def runs_by_agent(store: Store, session_id: str) -> dict[str, list[RunRecord]]:
     grouped: dict[str, list[RunRecord]] = {}
     for run in await store.list_runs(session_id):
         grouped.setdefault(run.agent_name, []).append(run)
     return grouped
 
 
-async def assert_store_consistent(store: SQLiteStore, session_id: str) -> None:
+async def assert_store_consistent(store: Store, session_id: str) -> None:
     """Every committed context is valid for the API (an unanswered tool turn may end it);
     each tool call has at most one finished event, and every answered call has one."""
     for run in await store.list_runs(session_id):
@@ -119,8 +119,5 @@ def names(items: Sequence[RunRecord]) -> list[str]:
 
 
 async def eventually(check: Callable[[], Awaitable[bool]]) -> None:
-    """Wait until ``check()`` is true (the store has no change notifications to wait on)."""
-    while True:
-        if await check():
-            return
-        await anyio.sleep(0.01)
+    """Wait until ``check()`` is true, with a deadline (see ``helpers.wait_until``)."""
+    await wait_until(check, interval=0.01)

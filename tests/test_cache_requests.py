@@ -14,6 +14,7 @@ from anabranch.messages import ToolDefinition, ToolUseBlock
 from anabranch.models._anthropic import request_to_params
 from anabranch.runtime._builtins import ToolOutcome
 from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._view import RunView
 
 from ._cache_support import agent, probe, tool_loop
 
@@ -79,7 +80,7 @@ async def test_breakpoints_can_be_turned_off(tmp_path: Path) -> None:
 
 
 async def test_tool_list_is_sorted_and_serialized_deterministically(tmp_path: Path) -> None:
-    bodies = []
+    bodies: list[str] = []
     for order in ([probe, alpha], [alpha, probe]):
         model = tool_loop(1)
         async with Runtime(db=tmp_path / f"{len(bodies)}.db", model=model) as rt:
@@ -148,7 +149,7 @@ class _GuidedTool:
     def guidance(self, agent: Agent) -> str:
         return "Use the notes tool to keep track of findings."
 
-    async def run(self, run: AgentRun, call: ToolUseBlock) -> ToolOutcome:
+    async def run(self, run: RunView, call: ToolUseBlock) -> ToolOutcome:
         return ToolOutcome("noted")
 
 

@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,18 +30,18 @@ INSTRUCTIONS = "Investigate with probe, then report what you found. " * 12
 
 @asynccontextmanager
 async def served(
-    tmp_path: Path, tool_turns: int = 4, **options: object
+    tmp_path: Path, tool_turns: int = 4, **options: Any
 ) -> AsyncIterator[tuple[MessagesServer, Runtime]]:
     options.setdefault("min_cache_tokens", 50)
     pipeline = options.pop("pipeline", None)
     retry = options.pop("retry", None)
-    async with MessagesServer(tool_loop(tool_turns), **options) as srv:  # type: ignore[arg-type]
+    async with MessagesServer(tool_loop(tool_turns), **options) as srv:
         model = AnthropicModel(base_url=srv.base_url, api_key="test")
         async with Runtime(
             db=tmp_path / "a.db",
             model=model,
-            pipeline=pipeline,  # type: ignore[arg-type]
-            retry=retry,  # type: ignore[arg-type]
+            pipeline=pipeline,
+            retry=retry,
         ) as rt:
             yield srv, rt
         await model.aclose()
@@ -114,7 +115,7 @@ async def test_resume_after_bootstrap_change_reads_the_cache(
     assert _usage(resumed_first).cache_read_input_tokens >= left
 
 
-async def _break_causes(tmp_path: Path, action: Action, **options: object) -> list[str]:
+async def _break_causes(tmp_path: Path, action: Action, **options: Any) -> list[str]:
     async with served(tmp_path, pipeline=ScriptedPipeline({3: action}), **options) as (_, rt):
         result = await rt.run(agent(instructions=INSTRUCTIONS), "task")
         return [str(b["cause"]) for b in await rt.store.list_cache_breaks(result.session_id)]

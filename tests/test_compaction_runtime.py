@@ -35,7 +35,7 @@ from anabranch.testing import FunctionModel
 from anabranch.testing._models import is_summary_request
 
 from .compaction_helpers import FAST_RETRY, Checked, extra, fetch, huge, small_agent
-from .helpers import failed_with
+from .helpers import failed_with, sql
 
 pytestmark = pytest.mark.anyio
 
@@ -58,7 +58,7 @@ async def test_a_long_run_compacts_several_times_and_every_request_is_valid(
     async with Runtime(db=tmp_path / "r.db", model=checked.model, retry=FAST_RETRY) as rt:
         result = await rt.run(agent, "Research SQLite")
         boundaries = await _boundaries(rt, result.session_id)
-        snapshots = await rt.store.query(
+        snapshots = await sql(rt.store, 
             "SELECT reason FROM snapshots WHERE run_id = ? ORDER BY version", (result.run_id,)
         )
     assert result.status == "done" and "Report on: Research SQLite" in result.output
@@ -102,7 +102,7 @@ async def test_a_compaction_rebuilds_the_prompt_snapshot(tmp_path: Path) -> None
     checked = Checked(rounds=10)
     async with Runtime(db=tmp_path / "r.db", model=checked.model) as rt:
         result = await rt.run(agent, "Research SQLite")
-        snapshots = await rt.store.query(
+        snapshots = await sql(rt.store, 
             "SELECT reason, system FROM snapshots WHERE run_id = ? ORDER BY version",
             (result.run_id,),
         )
@@ -173,7 +173,7 @@ async def test_oversized_results_are_spilled_with_a_preview_and_a_handle(tmp_pat
     checked = Checked(rounds=1)
     async with Runtime(db=tmp_path / "r.db", model=checked.model) as rt:
         result = await rt.run(agent, "Read it")
-        spills = await rt.store.query("SELECT handle, call_id, content FROM spills")
+        spills = await sql(rt.store, "SELECT handle, call_id, content FROM spills")
     final = checked.main_requests()[-1]
     inline = final.messages[-1].tool_results[0].content
     assert len(spills) == 1
@@ -214,7 +214,7 @@ async def test_old_tool_results_are_cleared_above_the_soft_threshold(tmp_path: P
     async with Runtime(db=tmp_path / "r.db", model=checked.model) as rt:
         result = await rt.run(agent, "Research SQLite")
         boundaries = await _boundaries(rt, result.session_id)
-        spills = await rt.store.query("SELECT handle FROM spills")
+        spills = await sql(rt.store, "SELECT handle FROM spills")
     clears = [b for b in boundaries if b.kind == "clear"]
     assert clears and all(b.strategy == "clear" and b.trigger == "soft" for b in clears)
     assert not [b for b in boundaries if b.kind == "compaction"]

@@ -53,7 +53,7 @@ def _assert_api_accepted_everything(srv: MessagesServer) -> None:
         assert record.status == 400 and "prompt is too long" in (record.error_message or "")
     assert refused, "the server limit should have been hit at least once"
     answered = [r for r in srv.log if r.status == 200 and r.request is not None]
-    assert answered and all(r.request.messages for r in answered)
+    assert answered and all(r.request is not None and r.request.messages for r in answered)
 
 
 async def test_long_task_recovers_prompt_too_long_through_the_sdk(tmp_path: Path) -> None:

@@ -134,7 +134,7 @@ def test_invalid_agents_name_the_field() -> None:
         Agent(name="a", model="m", tools=[lookup, lookup])
 
     with pytest.raises(ValidationError, match="not a Tool"):
-        Agent(name="a", model="m", tools=[print])  # type: ignore[list-item]
+        Agent(name="a", model="m", tools=[print])
 
     child = Agent(name="child", model="m")
     with pytest.raises(ValidationError, match="duplicate subagent names: child"):

@@ -31,6 +31,8 @@ from anabranch.runtime._loop import INTERRUPTED_REPORT, AgentRun
 from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.testing import FunctionModel
 
+from .helpers import wait_until
+
 pytestmark = pytest.mark.anyio
 
 FAST = RetryPolicy(base_delay=0.0, max_delay=0.0)
@@ -201,11 +203,12 @@ async def test_only_missing_tools_run_again_with_the_same_call_ids(tmp_path: Pat
         if not first_process:
             return
         async with Runtime(db=db) as rt:  # a second connection, as another reader would
-            while True:
+
+            async def both_committed() -> bool:
                 events = await rt.store.tool_events(ctx.run_id, ["toolu_a", "toolu_b"])
-                if sum(e.event == "finished" for e in events) == 2:
-                    break
-                await anyio.sleep(0.005)
+                return sum(e.event == "finished" for e in events) == 2
+
+            await wait_until(both_committed)
         reached.set()
         await anyio.sleep_forever()
 

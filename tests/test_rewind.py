@@ -24,9 +24,14 @@ from anabranch.testing import FunctionModel
 from anabranch.testing._models import is_summary_request
 
 from .compaction_helpers import Checked, small_agent
-from .helpers import failed_with
+from .helpers import failed_with, sql
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _id(boundary: BoundaryRecord) -> int:
+    assert boundary.id is not None, "a committed boundary has an id"
+    return boundary.id
 
 
 async def _load(rt: Runtime, session_id: str, agent: Any) -> AgentRun:
@@ -50,13 +55,13 @@ async def test_rewind_restores_the_context_from_before_a_compaction(tmp_path: Pa
         result = await rt.run(agent, "Research SQLite")
         boundaries = await rt.store.list_boundaries(session_id=result.session_id)
         assert len(boundaries) >= 3 and len(contexts) == len(boundaries)
-        rows_before = await rt.store.query("SELECT * FROM messages ORDER BY id")
+        rows_before = await sql(rt.store, "SELECT * FROM messages ORDER BY id")
         after_first = (await _load(rt, result.session_id, agent)).context
-        record = await rt.rewind(result.session_id, result.run_id, boundaries[1].id)
+        record = await rt.rewind(result.session_id, result.run_id, _id(boundaries[1]))
         restored = (await _load(rt, result.session_id, agent)).context
-        rows_after = await rt.store.query("SELECT * FROM messages ORDER BY id")
+        rows_after = await sql(rt.store, "SELECT * FROM messages ORDER BY id")
         # rewinding again, to before the very first compaction, gives the raw history
-        await rt.rewind(result.session_id, result.run_id, boundaries[0].id)
+        await rt.rewind(result.session_id, result.run_id, _id(boundaries[0]))
         raw = (await _load(rt, result.session_id, agent)).context
     assert restored == contexts[1]
     assert is_compaction_message(restored[0])  # the first compaction is still in effect
@@ -88,7 +93,7 @@ async def test_a_resumed_run_continues_from_the_rewound_context(tmp_path: Path) 
         run_id = (await rt.store.list_runs(session_id))[0].id
         boundaries = await rt.store.list_boundaries(session_id=session_id)
         assert len(boundaries) >= 2
-        await rt.rewind(session_id, run_id, boundaries[0].id)
+        await rt.rewind(session_id, run_id, _id(boundaries[0]))
     after = Checked(rounds=14)
     async with Runtime(db=db, model=after.model, agents=[agent]) as rt:
         result = await rt.resume(session_id)
@@ -123,12 +128,12 @@ async def test_rewind_refuses_what_it_cannot_rewind(tmp_path: Path) -> None:
         with pytest.raises(UserError, match="no boundary"):
             await rt.rewind(result.session_id, result.run_id, 99_999)
         with pytest.raises(UserError, match="no run"):
-            await rt.rewind(other.session_id, result.run_id, boundary.id)
+            await rt.rewind(other.session_id, result.run_id, _id(boundary))
         with pytest.raises(UserError, match="nothing to rewind"):
             await rt.rewind(result.session_id, result.run_id, failed_id)
         await rt.store.acquire_lease(result.session_id, "someone-else", 60.0)
         with pytest.raises(SessionBusyError):
-            await rt.rewind(result.session_id, result.run_id, boundary.id)
+            await rt.rewind(result.session_id, result.run_id, _id(boundary))
 
 
 def _boundary(kind: str, status: str = "ok", **extra: Any) -> BoundaryRecord:

@@ -24,7 +24,7 @@ from anabranch.errors import (
 from anabranch.messages import Message, ModelRequest, TextBlock
 from anabranch.testing import FunctionModel, TestModel
 
-from .helpers import call, failed_with, script
+from .helpers import call, failed_with, script, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -64,7 +64,7 @@ def _agent(**kwargs: object) -> Agent:
         "tools": [echo, shout, explode, stall],
     }
     defaults.update(kwargs)
-    return Agent(**defaults)  # type: ignore[arg-type]
+    return Agent(**defaults)
 
 
 def _rows(db: Path, sql: str) -> list[tuple[object, ...]]:
@@ -349,7 +349,13 @@ async def test_cancellation_leaves_a_consistent_resumable_store(tmp_path: Path) 
             async with anyio.create_task_group() as group:
                 group.start_soon(lambda: rt.run(agent, "cancel me", on_session=session_ids.append))
                 await entered.wait()
-                await anyio.sleep(0.05)  # let the quick tool's result commit
+
+                async def quick_committed() -> bool:
+                    (root,) = await rt.store.list_runs(session_ids[0])
+                    events = await rt.store.tool_events(root.id, [turns[0].id])
+                    return any(e.event == "finished" for e in events)
+
+                await wait_until(quick_committed)
                 scope.cancel()
         (session_id,) = session_ids
         status = _rows(db, "SELECT status FROM session_events ORDER BY id DESC LIMIT 1")

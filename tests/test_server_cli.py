@@ -12,7 +12,7 @@ import anthropic
 import anyio
 import pytest
 
-from anabranch.cli._testing import cmd_serve, register
+from anabranch.testing._command import cmd_serve, register
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

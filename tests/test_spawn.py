@@ -17,6 +17,7 @@ from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.runtime._spawn import fork_definition
 from anabranch.testing import TestModel
 
+from .helpers import sql
 from .subagent_helpers import (
     assert_store_consistent,
     eventually,
@@ -201,7 +202,7 @@ async def test_depth_limit_refuses_deeper_spawns(tmp_path: object) -> None:
         result = await rt.run(boss, "go")
         runs = await runs_by_agent(rt.store, result.session_id)
         mid = runs["middle"][0]
-        events = await rt.store.query(
+        events = await sql(rt.store, 
             "SELECT content, is_error FROM tool_events WHERE run_id = ? AND event = 'finished'",
             (mid.id,),
         )
@@ -239,7 +240,7 @@ async def test_concurrent_children_limit(tmp_path: object) -> None:
             query = "SELECT 1 FROM tool_events WHERE event = 'finished' AND is_error = 1"
 
             async def refused() -> bool:
-                return bool(await rt.store.query(query))
+                return bool(await sql(rt.store, query))
 
             await eventually(refused)
             release.set()

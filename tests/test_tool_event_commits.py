@@ -4,13 +4,16 @@ with the results message decides what a resumed run runs again."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
-from anabranch import Agent, Runtime, tool
+from anabranch import Agent, Runtime, ToolContext, tool
 from anabranch.messages import ModelRequest, TextBlock, ToolUseBlock
 from anabranch.runtime._loop import INTERRUPTED_REPORT
 from anabranch.testing import FunctionModel
+
+from .helpers import sql, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -30,7 +33,7 @@ def _model(*names: str) -> FunctionModel:
 
 
 async def _events(rt: Runtime) -> list[dict[str, object]]:
-    return await rt.store.query("SELECT call_id, event, content FROM tool_events ORDER BY id")
+    return await sql(rt.store, "SELECT call_id, event, content FROM tool_events ORDER BY id")
 
 
 async def test_started_with_the_response_finished_with_its_result(tmp_path: Path) -> None:
@@ -43,7 +46,7 @@ async def test_started_with_the_response_finished_with_its_result(tmp_path: Path
     async with Runtime(tmp_path / "db", model=_model("fetch")) as rt:
         result = await rt.run(agent, "go")
         events = await _events(rt)
-        messages = await rt.store.query("SELECT content FROM messages WHERE role = 'user'")
+        messages = await sql(rt.store, "SELECT content FROM messages WHERE role = 'user'")
     assert result.output.startswith("done: payload")
     assert [(e["call_id"], e["event"]) for e in events] == [
         ("toolu_fetch", "started"),
@@ -56,11 +59,11 @@ async def test_started_with_the_response_finished_with_its_result(tmp_path: Path
 
 @pytest.mark.parametrize("on_interrupt", ["retry", "report"])
 async def test_a_tool_cut_off_mid_call_is_rerun_or_reported(
-    tmp_path: Path, on_interrupt: str
+    tmp_path: Path, on_interrupt: Literal["retry", "report"]
 ) -> None:
     calls: list[str] = []
 
-    @tool(on_interrupt=on_interrupt)  # type: ignore[call-overload]
+    @tool(on_interrupt=on_interrupt)
     async def pay() -> str:
         """Pay."""
         calls.append("pay")
@@ -94,13 +97,17 @@ async def test_a_finished_tool_is_not_run_again(tmp_path: Path) -> None:
         return "fast result"
 
     @tool
-    async def slow() -> str:
+    async def slow(ctx: ToolContext) -> str:
         """Slow."""
-        import anyio
-
         runs["slow"] += 1
-        await anyio.sleep(0.05)
         if runs["slow"] == 1:
+            async with Runtime(db) as reader:  # crash only once fast's result is committed
+
+                async def fast_committed() -> bool:
+                    events = await reader.store.tool_events(ctx.run_id, ["toolu_fast"])
+                    return any(e.event == "finished" for e in events)
+
+                await wait_until(fast_committed)
             raise Crash
         return "slow result"
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from anabranch.cli import main
+from anabranch.cli._tracing import find_phoenix
 from anabranch.errors import UserError
 from anabranch.traces.configure import TraceSettings, configure, otlp_traces_url
 from anabranch.ui import _phoenix as phoenix
@@ -239,11 +240,11 @@ def test_trace_phoenix_uses_the_state_file_and_the_env_override(
             url="http://127.0.0.1:6123", pid=proc.pid, port=6123, grpc_port=4400, working_dir="/x"
         )
         phoenix.write_state(info)
-        setup = configure(TraceSettings(phoenix=True))
+        setup = configure(TraceSettings(phoenix=find_phoenix()))
         assert setup.destinations == ["Phoenix http://127.0.0.1:6123"]
         setup.shutdown()
         monkeypatch.setenv("PHOENIX_COLLECTOR_ENDPOINT", "http://127.0.0.1:7000")
-        setup = configure(TraceSettings(phoenix=True))
+        setup = configure(TraceSettings(phoenix=find_phoenix()))
         assert setup.destinations == ["Phoenix http://127.0.0.1:7000"]
         setup.shutdown()
     finally:

@@ -19,7 +19,7 @@ from anabranch.errors import ModelConnectionError, ModelError
 from anabranch.messages import ModelResponse, TextBlock, ToolUseBlock, Usage
 from anabranch.testing import FunctionModel, TestModel
 
-from .helpers import failed_with
+from .helpers import failed_with, sql
 
 pytestmark = pytest.mark.anyio
 
@@ -107,11 +107,11 @@ async def test_span_tree_shape_and_parentage(
 ) -> None:
     session_id, rt = await _run(tmp_path, provider)
     try:
-        calls = await rt.store.query(
+        calls = await sql(rt.store, 
             "SELECT c.id FROM calls c JOIN runs r ON r.id = c.run_id WHERE r.session_id = ?",
             (session_id,),
         )
-        tool_calls = await rt.store.query(
+        tool_calls = await sql(rt.store, 
             "SELECT call_id, name FROM tool_events WHERE event = 'finished'"
         )
         runs = await rt.store.list_runs(session_id)
@@ -359,7 +359,7 @@ async def _multi_agent_run(
     async with Runtime(db=tmp_path / "t.db", model=model, tracer_provider=provider) as rt:
         result = await rt.run(_load(reference), task)
         runs = await rt.store.list_runs(result.session_id)
-        calls = await rt.store.query(
+        calls = await sql(rt.store, 
             "SELECT c.id, c.run_id FROM calls c JOIN runs r ON r.id = c.run_id "
             "WHERE r.session_id = ?",
             (result.session_id,),

@@ -1,6 +1,7 @@
 """anabranch: an async multi-agent runtime in which every agent has its own isolated,
 self-compacting, persisted context."""
 
+from anabranch._version import VERSION as __version__  # noqa: F401
 from anabranch.agents import Agent as Agent
 from anabranch.agents import ContextPolicy as ContextPolicy
 from anabranch.agents import Graph as Graph
@@ -56,8 +57,6 @@ from anabranch.runtime import RunResult as RunResult
 from anabranch.runtime import Runtime as Runtime
 from anabranch.runtime import SpawnLimits as SpawnLimits
 from anabranch.runtime import TaskResult as TaskResult
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Agent",

@@ -24,11 +24,11 @@ from pydantic import (
 )
 
 __all__ = [
-    "IMAGE_MEDIA_TYPES",
     "Attachment",
     "Block",
     "CacheTTL",
     "Document",
+    "IMAGE_MEDIA_TYPES",
     "Image",
     "Message",
     "MessageList",
@@ -47,9 +47,10 @@ __all__ = [
     "ToolUseBlock",
     "Usage",
     "canonical_json",
-    "messages_from_json",
     "message_digest",
+    "messages_from_json",
     "messages_to_json",
+    "sniff_image_type",
 ]
 
 CacheTTL = Literal["5m", "1h"]
@@ -341,7 +342,7 @@ def message_digest(message: Message) -> bytes:
     return digest
 
 
-def messages_digest(messages: tuple[Message, ...] | list[Message]) -> bytes:
+def _messages_digest(messages: tuple[Message, ...] | list[Message]) -> bytes:
     """The concatenated per-message digests (a C-speed lookup per already-hashed message)."""
     found = list(map(_DIGESTS.get, map(id, messages)))
     if None not in found:
@@ -395,9 +396,9 @@ def _messages_hash(messages: tuple[Message, ...]) -> bytes:
         and (messages[: len(cached[0])] == cached[0])
     ):
         state = cached[1].copy()
-        state.update(messages_digest(messages[len(cached[0]) :]))
+        state.update(_messages_digest(messages[len(cached[0]) :]))
     else:
-        state = hashlib.sha256(messages_digest(messages))
+        state = hashlib.sha256(_messages_digest(messages))
     _PREFIXES[key] = (messages, state.copy())
     while len(_PREFIXES) > _PREFIX_LIMIT:
         del _PREFIXES[next(iter(_PREFIXES))]

@@ -29,7 +29,7 @@ import anthropic
 import anyio
 import httpx2
 
-from anabranch import Runtime
+from anabranch import RunResult, Runtime
 from anabranch.messages import Message, ModelRequest, ModelResponse, TextBlock, ToolUseBlock
 from anabranch.models._anthropic import AnthropicModel
 from anabranch.models._base import Model
@@ -204,6 +204,7 @@ async def _main(spec: Spec) -> None:
         def announce(session_id: str) -> None:
             _write_atomically(spec.session_file, session_id)
 
+        result: RunResult
         if spec.session_id is None and spec.kind == "graph":
             result = await rt.run_graph(scenario.GRAPH, on_session=announce)
         elif spec.session_id is None:

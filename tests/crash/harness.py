@@ -315,7 +315,9 @@ def transcript(db: Path, session_id: str) -> Transcript:
         gaps: list[str] = []
         uses: set[str] = set()
         queue = sorted(by_parent.get(None, []), key=lambda r: (r["task_id"] or "", r["agent_name"]))
-        keys = {run["id"]: (run["task_id"] or run["agent_name"],) for run in queue}
+        keys: dict[str, tuple[str, ...]] = {
+            run["id"]: (run["task_id"] or run["agent_name"],) for run in queue
+        }
         while queue:
             run = queue.pop(0)
             messages = conn.execute(

@@ -42,10 +42,14 @@ def charge(amount: int, ctx: ToolContext) -> str:
     if not any(line.startswith(ctx.call_id + "\\t") for line in lines):
         with open(ledger, "a") as f:
             f.write(f"{ctx.call_id}\\t{amount}\\n")
+    deadline = time.monotonic() + 60
     while not _notify_committed():     # so the kill lands after notify's result is stored
+        assert time.monotonic() < deadline, "notify's result was never committed"
         time.sleep(0.02)
     (HERE / "charging").write_text(ctx.call_id)
+    deadline = time.monotonic() + 60
     while (HERE / "hold").exists():     # the first process is killed in here
+        assert time.monotonic() < deadline, "the test never released the hold"
         time.sleep(0.02)
     return f"charged {amount}"
 

@@ -48,7 +48,7 @@ async def sqlite_backend(tmp_path: Path) -> AsyncIterator[Backend]:
         store = await SQLiteStore.open(path)
         # every statement of this store goes through this one connection
         store._sql._conn.set_trace_callback(count)
-        backend.opened.append(store)
+        made.opened.append(store)
         return store
 
     async def make_old(version: int) -> None:
@@ -78,11 +78,11 @@ async def sqlite_backend(tmp_path: Path) -> AsyncIterator[Backend]:
         wal = Path(f"{path}-wal")
         return path.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
 
-    backend = Backend(open_store, lambda: commits[0], make_old, stamp_version, fingerprint)
+    made = Backend(open_store, lambda: commits[0], make_old, stamp_version, fingerprint)
     try:
-        yield backend
+        yield made
     finally:
-        for store in backend.opened:
+        for store in made.opened:
             await store.close()
 
 

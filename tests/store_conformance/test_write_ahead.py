@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 import anyio
 import pytest
@@ -22,7 +23,9 @@ from tests.store_conformance.conftest import Backend, add_run, add_session
 pytestmark = pytest.mark.anyio
 
 
-def _message(seq: int, role: str = "user", text: str = "hi") -> MessageRecord:
+def _message(
+    seq: int, role: Literal["user", "assistant"] = "user", text: str = "hi"
+) -> MessageRecord:
     return MessageRecord(
         run_id="run_1", seq=seq, role=role, content=f'[{{"type": "text", "text": "{text}"}}]'
     )

@@ -15,10 +15,11 @@ import anyio
 import pydantic
 
 from anabranch.agents import Agent, Graph
-from anabranch.cli import _compaction, _memory, _testing, _ui
+from anabranch.cli import _compaction, _memory, _ui
 from anabranch.cli._common import CliError, Handler, add_command
 from anabranch.cli._limits import declared_windows, window_labels
 from anabranch.cli._progress import add_progress_arguments, event_printer
+from anabranch.cli._tracing import add_trace_arguments, configure_from_args
 from anabranch.context._pricing import Cost, PriceTable
 from anabranch.errors import AnabranchError, UserError
 from anabranch.messages import SystemBlock, ToolDefinition
@@ -27,7 +28,7 @@ from anabranch.runtime._loader import load_object, split_reference
 from anabranch.runtime._report import RunNode, list_sessions, session_tree, tree_totals
 from anabranch.runtime._runtime import DEFAULT_DB, Runtime
 from anabranch.store import RunRecord, SessionRecord, SQLiteStore, Store
-from anabranch.traces.configure import add_trace_arguments, configure_from_args
+from anabranch.testing import _command as _testing
 
 __all__ = ["main"]
 

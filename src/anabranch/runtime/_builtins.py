@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from anabranch.agents import Agent
 from anabranch.messages import Document, Image, ToolDefinition, ToolUseBlock
-
-if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._view import RunView
 
 __all__ = ["BuiltinTool", "ToolOutcome"]
 
@@ -35,4 +33,6 @@ class BuiltinTool(Protocol):
 
     def definition(self, agent: Agent) -> ToolDefinition: ...
 
-    async def run(self, run: AgentRun, call: ToolUseBlock) -> ToolOutcome: ...
+    async def run(self, run: RunView, call: ToolUseBlock) -> ToolOutcome:
+        """Answer ``call`` for ``run`` (read-only: return the outcome, assign nothing)."""
+        ...

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from anabranch.context._cache import (
     CacheBreakCause,
@@ -21,10 +20,8 @@ from anabranch.context._cache import (
     tools_digest,
 )
 from anabranch.messages import ModelResponse, SystemBlock, ToolDefinition, Usage
+from anabranch.runtime._view import RunView
 from anabranch.store import CallRecord, Store
-
-if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun
 
 __all__ = ["CacheBreak", "check_cache_break"]
 
@@ -62,13 +59,13 @@ def _state(call: CallRecord, model: str, digests: tuple[str, str]) -> CallCacheS
 
 
 async def check_cache_break(
-    run: AgentRun, call_id: int, response: ModelResponse
+    run: RunView, call_id: int, response: ModelResponse
 ) -> CacheBreak | None:
     """Record (and emit) a cache break for ``call_id`` if there is one."""
     policy = run.agent.context
     if not policy.cache_breakpoints:
         return None
-    store = run.env.store
+    store = run.store
     calls = await store.recent_ok_calls(run.id, up_to=call_id, limit=2)
     if len(calls) < 2 or calls[0].id != call_id:
         return None
@@ -96,7 +93,7 @@ async def check_cache_break(
         idle_seconds=max(current.created - previous.created, 0.0),
     )
     await store.add_cache_break(run.id, call_id, cause, found.expected_read, found.actual_read)
-    run.env.tracing.cache_break(
+    run.tracing.cache_break(
         cause=cause,
         expected_read=found.expected_read,
         actual_read=found.actual_read,

@@ -10,7 +10,8 @@ from typing import Literal
 from anabranch.agents import Agent
 from anabranch.context._tokens import CHARS_PER_TOKEN
 from anabranch.messages import Message, SystemBlock, ToolDefinition
-from anabranch.runtime._loop import AgentRun, Environment
+from anabranch.runtime._environment import Environment
+from anabranch.runtime._loop import AgentRun
 from anabranch.store import RunRecord, RunStatus, Store
 
 __all__ = [

@@ -23,8 +23,8 @@ from anabranch.runtime._children import (
     open_run,
     settle_subtree,
 )
+from anabranch.runtime._environment import Environment
 from anabranch.runtime._loader import load_object
-from anabranch.runtime._loop import Environment
 from anabranch.runtime._results import GraphResult, TaskResult, build_result
 from anabranch.runtime._session import SessionDriver, SessionEnd
 from anabranch.store import RunRecord, SessionRecord, Store

@@ -20,8 +20,8 @@ import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import TypeVar
 
 import anyio
 import pydantic
@@ -59,14 +59,13 @@ from anabranch.messages import (
     canonical_json,
     messages_from_json,
 )
-from anabranch.models._base import Model, StreamingModel
-from anabranch.models._retry import RetryPolicy, retrying
+from anabranch.models._base import StreamingModel
+from anabranch.models._retry import retrying
 from anabranch.runtime._bootstrap import prompt_inputs
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
 from anabranch.runtime._cache_watch import check_cache_break
-from anabranch.runtime._events import EventBus
+from anabranch.runtime._environment import Environment
 from anabranch.runtime._memory import attach_relevant_memories
-from anabranch.runtime._pipeline import ContextPipeline
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._tool_exec import run_user_tool
 from anabranch.store import (
@@ -131,22 +130,6 @@ def _exchange_turns(context: Sequence[Message]) -> int | None:
     return None
 
 
-@dataclass
-class Environment:
-    """What every run of one session shares."""
-
-    store: Store
-    model: Model
-    session_id: str
-    retry: RetryPolicy
-    tracing: Tracing
-    pipeline: ContextPipeline
-    builtins: tuple[BuiltinTool, ...] = ()
-    extras: dict[str, Any] = field(default_factory=dict)
-    """Room for cooperating features (e.g. a concurrency limiter for children)."""
-    events: EventBus = field(default_factory=EventBus)
-
-
 class AgentRun:
     """One run of one agent with its own context. Create with ``start`` or ``load``."""
 
@@ -167,12 +150,24 @@ class AgentRun:
         self.compactions = 0
         self._fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None = None
         """Tool calls of the response just committed here, and those marked started with it."""
-        self.events = RunEvents(self)
+        self.events = RunEvents(self, env.events)
 
     # ------------------------------------------------------------------ creation
     @property
     def id(self) -> str:
         return self.record.id
+
+    @property
+    def session_id(self) -> str:
+        return self.env.session_id
+
+    @property
+    def store(self) -> Store:
+        return self.env.store
+
+    @property
+    def tracing(self) -> Tracing:
+        return self.env.tracing
 
     @classmethod
     async def start(

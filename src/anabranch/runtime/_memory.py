@@ -11,7 +11,7 @@ import functools
 import html
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import anyio.to_thread
 import pydantic
@@ -32,9 +32,8 @@ from anabranch.memory._secrets import find_secret
 from anabranch.memory._select import keyword_selection, parse_model_choice, selection_prompt
 from anabranch.messages import Message, ModelRequest, TextBlock, ToolDefinition, ToolUseBlock
 from anabranch.runtime._builtins import ToolOutcome
-
-if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun, Environment
+from anabranch.runtime._environment import Environment
+from anabranch.runtime._view import RunView
 
 __all__ = [
     "ForgetTool",
@@ -147,7 +146,7 @@ class RememberTool:
         memory = agent.memory
         return GUIDANCE + ("\n" + LOG_GUIDANCE if memory is not None and memory.log else "")
 
-    async def run(self, run: AgentRun, call: ToolUseBlock) -> ToolOutcome:
+    async def run(self, run: RunView, call: ToolUseBlock) -> ToolOutcome:
         try:
             args = RememberArguments.model_validate(call.input)
         except pydantic.ValidationError as exc:
@@ -163,7 +162,7 @@ class RememberTool:
         assert memory is not None
         folder = _folder(run.agent)
         source = Provenance(
-            session_id=run.env.session_id, run_id=run.id, message_seq=max(run.next_seq - 1, 0)
+            session_id=run.session_id, run_id=run.id, message_seq=max(run.next_seq - 1, 0)
         )
         try:
             saved, created = await anyio.to_thread.run_sync(
@@ -211,7 +210,7 @@ class ForgetTool:
             input_schema=_schemas()["forget"],
         )
 
-    async def run(self, run: AgentRun, call: ToolUseBlock) -> ToolOutcome:
+    async def run(self, run: RunView, call: ToolUseBlock) -> ToolOutcome:
         try:
             args = ForgetArguments.model_validate(call.input)
         except pydantic.ValidationError as exc:
@@ -241,7 +240,7 @@ class LogTool:
             input_schema=_schemas()["log"],
         )
 
-    async def run(self, run: AgentRun, call: ToolUseBlock) -> ToolOutcome:
+    async def run(self, run: RunView, call: ToolUseBlock) -> ToolOutcome:
         try:
             args = LogArguments.model_validate(call.input)
         except pydantic.ValidationError as exc:

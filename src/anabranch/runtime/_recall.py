@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,9 +29,7 @@ from anabranch.messages import (
     ToolUseBlock,
 )
 from anabranch.runtime._builtins import ToolOutcome
-
-if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._view import RunView
 
 __all__ = ["RecallTool"]
 
@@ -97,7 +95,7 @@ class RecallTool:
     def definition(self, agent: Agent) -> ToolDefinition:
         return ToolDefinition(name=self.name, description=DESCRIPTION, input_schema=_schema())
 
-    async def run(self, run: AgentRun, call: ToolUseBlock) -> ToolOutcome:
+    async def run(self, run: RunView, call: ToolUseBlock) -> ToolOutcome:
         try:
             args = RecallArguments.model_validate(call.input)
         except pydantic.ValidationError as exc:
@@ -109,8 +107,8 @@ class RecallTool:
             return await self._search(run, args.query, args.limit)
         return ToolOutcome("Pass `id` (a handle) or `query` (words to search).", is_error=True)
 
-    async def _fetch(self, run: AgentRun, handle: str, offset: int) -> ToolOutcome:
-        store = run.env.store
+    async def _fetch(self, run: RunView, handle: str, offset: int) -> ToolOutcome:
+        store = run.store
         text: str | None = None
         match = _MESSAGE_ID.match(handle)
         if match:
@@ -126,7 +124,7 @@ class RecallTool:
             spill = await store.get_spill_record(handle)
             if spill is not None:
                 owner = await store.get_run(spill.run_id)
-                if owner is not None and owner.session_id == run.env.session_id:
+                if owner is not None and owner.session_id == run.session_id:
                     text = spill.content
         if text is None:
             return ToolOutcome(f"Nothing is stored under id {handle!r} for this run.", True)
@@ -139,8 +137,8 @@ class RecallTool:
             chunk += f"\n[{len(text) - end:,} more characters: recall id={handle} offset={end}]"
         return ToolOutcome(chunk)
 
-    async def _search(self, run: AgentRun, query: str, limit: int) -> ToolOutcome:
-        hits = await run.env.store.search_history(run.id, query, limit)
+    async def _search(self, run: RunView, query: str, limit: int) -> ToolOutcome:
+        hits = await run.store.search_history(run.id, query, limit)
         if not hits:
             return ToolOutcome(f"No match for {query!r} in this run's history.")
         lines = [f"{len(hits)} match(es) for {query!r} in this run's history:"]

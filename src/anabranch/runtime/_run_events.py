@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import anyio
 
@@ -17,9 +17,8 @@ from anabranch import events as ev
 from anabranch.context._pricing import PriceTable
 from anabranch.errors import ModelError
 from anabranch.messages import ModelRequest, ModelResponse
-
-if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._events import EventBus
+from anabranch.runtime._view import RunView
 
 __all__ = ["RunEvents", "run_status_for"]
 
@@ -38,25 +37,26 @@ def run_status_for(error: BaseException) -> Literal["failed", "cancelled", "stop
 
 
 class RunEvents:
-    """The event side of one ``AgentRun``."""
+    """The event side of one agent run (read through its ``RunView``)."""
 
-    def __init__(self, run: AgentRun) -> None:
+    def __init__(self, run: RunView, bus: EventBus) -> None:
         self._run = run
+        self._bus = bus
         self._compaction_announced = False
 
     @property
     def active(self) -> bool:
-        return self._run.env.events.active
+        return self._bus.active
 
     def emit(self, event_type: type[ev.Event], **fields: Any) -> None:
         """Publish one event of this run, if anyone listens."""
         run = self._run
-        bus = run.env.events
+        bus = self._bus
         if not bus.active:
             return
         bus.publish(
             event_type(
-                session_id=run.env.session_id,
+                session_id=run.session_id,
                 run_id=run.id,
                 agent=run.agent.name,
                 parent_run_id=run.record.parent_run_id,
@@ -168,7 +168,7 @@ class RunEvents:
     async def _report_boundaries(self, since: float) -> None:
         run = self._run
         announced = self._compaction_announced
-        boundaries = await run.env.store.list_boundaries(run_id=run.id)
+        boundaries = await run.store.list_boundaries(run_id=run.id)
         for boundary in boundaries:
             if boundary.created < since or boundary.kind not in COMPACTION_KINDS:
                 continue

@@ -27,6 +27,7 @@ from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.runtime._compactor import CompactingPipeline
+from anabranch.runtime._environment import Environment
 from anabranch.runtime._event_stream import EventStream, open_stream
 from anabranch.runtime._events import EventBus, EventCallback
 from anabranch.runtime._graph import (
@@ -37,7 +38,7 @@ from anabranch.runtime._graph import (
     resume_graph,
 )
 from anabranch.runtime._loader import load_object
-from anabranch.runtime._loop import AgentRun, Environment, new_id
+from anabranch.runtime._loop import AgentRun, new_id
 from anabranch.runtime._memory import ForgetTool, LogTool, RememberTool, memory_session_start
 from anabranch.runtime._pipeline import ContextPipeline
 from anabranch.runtime._recall import RecallTool
@@ -60,7 +61,7 @@ def default_builtins() -> tuple[BuiltinTool, ...]:
     return (SpawnTool(), RecallTool(), RememberTool(), ForgetTool(), LogTool())
 
 
-def default_pipeline() -> ContextPipeline:
+def default_pipeline() -> ContextPipeline[AgentRun]:
     """The context pipeline used when none is given: budgets, clearing, compaction."""
     return CompactingPipeline()
 
@@ -110,7 +111,7 @@ class Runtime:
         capture_content: bool | None = None,
         synchronous: Synchronous = "FULL",
         agents: Sequence[Agent] = (),
-        pipeline: ContextPipeline | None = None,
+        pipeline: ContextPipeline[AgentRun] | None = None,
         builtins: Sequence[BuiltinTool] | None = None,
         lease_ttl: float = 30.0,
         graphs: Sequence[Graph] = (),

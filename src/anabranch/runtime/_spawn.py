@@ -34,7 +34,9 @@ from anabranch.runtime._memory import inherit_memory
 from anabranch.store import RunRecord
 
 if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun, Environment
+    from anabranch.runtime._environment import Environment
+from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._view import RunView
 
 __all__ = ["SPAWN_TOOL_NAME", "SpawnLimits", "SpawnTool", "fork_definition"]
 
@@ -158,7 +160,12 @@ class SpawnTool:
         }
         return ToolDefinition(name=self.name, description=_DESCRIPTION, input_schema=schema)
 
-    async def run(self, run: AgentRun, call: ToolUseBlock) -> ToolOutcome:
+    async def run(self, view: RunView, call: ToolUseBlock) -> ToolOutcome:
+        # Spawning starts runs, which only the loop's own runs can do: this built-in is part
+        # of the engine, so it takes the engine's run behind the view.
+        if not isinstance(view, AgentRun):
+            raise TypeError(f"{self.name} runs inside the agent loop, not on {type(view)!r}")
+        run = view
         try:
             args = SpawnArguments.model_validate(call.input)
         except pydantic.ValidationError as exc:

@@ -1,6 +1,6 @@
 """``python -m anabranch.testing``: serve the local Messages API (same flags as
 ``anabranch testing serve``)."""
 
-from anabranch.cli._testing import main
+from anabranch.testing._command import main
 
 main()

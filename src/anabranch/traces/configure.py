@@ -1,7 +1,9 @@
 """OpenTelemetry SDK setup for applications and the CLI (the library uses only the API).
 
 ``configure`` builds a ``TracerProvider`` from the standard ``OTEL_*`` variables plus
-explicit destinations (an OTLP/HTTP URL, an OTLP-JSON lines file, the local Phoenix).
+explicit destinations (an OTLP/HTTP URL, an OTLP-JSON lines file, a Phoenix). Finding the
+Phoenix that ``anabranch ui`` started, and the command-line flags, belong to the CLI
+(``anabranch.cli._tracing``).
 Every exporter sits behind a ``BatchSpanProcessor`` (export happens on a background
 thread) and a guard that swallows its errors, so a slow or unreachable collector never
 fails or slows a run; ``TraceSetup.shutdown`` bounds the final flush.
@@ -17,7 +19,6 @@ turns OTLP export on.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import logging
 import os
@@ -40,16 +41,17 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 
+from anabranch._version import VERSION
 from anabranch.errors import UserError
 from anabranch.traces._file_exporter import OTLPJsonLinesExporter
 
 __all__ = [
+    "PhoenixEndpoint",
     "TraceSettings",
     "TraceSetup",
-    "add_trace_arguments",
     "configure",
-    "configure_from_args",
     "otlp_traces_url",
+    "phoenix_from_env",
 ]
 
 _log = logging.getLogger("anabranch.traces")
@@ -59,13 +61,33 @@ DEFAULT_PROJECT = "anabranch"
 
 
 @dataclass(frozen=True)
+class PhoenixEndpoint:
+    """Where a Phoenix collects spans (OTLP/HTTP) and shows them (its UI)."""
+
+    otlp_url: str
+    ui_url: str
+
+    @classmethod
+    def from_collector(cls, endpoint: str) -> PhoenixEndpoint:
+        """The Phoenix behind a collector URL (``PHOENIX_COLLECTOR_ENDPOINT``'s form)."""
+        url = otlp_traces_url(endpoint)
+        return cls(url, url[: -len("/v1/traces")])
+
+
+def phoenix_from_env() -> PhoenixEndpoint | None:
+    """The Phoenix ``PHOENIX_COLLECTOR_ENDPOINT`` names, if set."""
+    endpoint = _env("PHOENIX_COLLECTOR_ENDPOINT")
+    return PhoenixEndpoint.from_collector(endpoint) if endpoint else None
+
+
+@dataclass(frozen=True)
 class TraceSettings:
     """Where spans go, beyond what the ``OTEL_*`` variables say.
 
     Attributes:
         otlp: an OTLP/HTTP (protobuf) URL; a base URL gets ``/v1/traces`` appended.
         trace_file: append every span as one OTLP-JSON line to this file.
-        phoenix: send to the Phoenix started by ``anabranch ui`` (or to
+        phoenix: send to this Phoenix (``phoenix_endpoint`` finds the one of
             ``PHOENIX_COLLECTOR_ENDPOINT``).
         service_name: ``service.name`` unless ``OTEL_SERVICE_NAME`` says otherwise.
         project: Phoenix project (resource ``openinference.project.name``); default
@@ -74,7 +96,7 @@ class TraceSettings:
 
     otlp: str | None = None
     trace_file: Path | None = None
-    phoenix: bool = False
+    phoenix: PhoenixEndpoint | None = None
     service_name: str = "anabranch"
     project: str | None = None
 
@@ -281,31 +303,11 @@ def _env_destinations() -> list[_Destination]:
     return destinations
 
 
-def _phoenix_destination() -> _Destination:
-    endpoint = _env("PHOENIX_COLLECTOR_ENDPOINT")
-    if endpoint:
-        url = otlp_traces_url(endpoint)
-        ui = url[: -len("/v1/traces")]
-    else:
-        from anabranch.ui._phoenix import running_phoenix
-
-        info = running_phoenix()
-        if info is None:
-            raise UserError(
-                "--trace phoenix: no Phoenix is running; start one with `anabranch ui` "
-                "(or set PHOENIX_COLLECTOR_ENDPOINT)"
-            )
-        url, ui = info.otlp_endpoint, info.url
-    return _Destination(f"Phoenix {ui}", _http_exporter(url), ui_url=ui)
-
-
 def _resource(settings: TraceSettings) -> Resource:
-    from anabranch import __version__
-
     defaults = Resource(
         {
             "service.name": settings.service_name,
-            "service.version": __version__,
+            "service.version": VERSION,
             "openinference.project.name": settings.project
             or _env("PHOENIX_PROJECT_NAME")
             or DEFAULT_PROJECT,
@@ -332,8 +334,7 @@ def configure(
             single warning from anabranch reports an unreachable destination instead.
 
     Raises:
-        UserError: an unsupported exporter/protocol, a bad URL, an unwritable trace file,
-            or ``phoenix`` without a running Phoenix.
+        UserError: an unsupported exporter/protocol, a bad URL, or an unwritable trace file.
     """
     settings = settings or TraceSettings()
     if _env("OTEL_SDK_DISABLED").lower() == "true":
@@ -342,8 +343,10 @@ def configure(
     if settings.otlp:
         url = otlp_traces_url(settings.otlp)
         destinations.append(_Destination(f"OTLP {url}", _http_exporter(url)))
-    if settings.phoenix:
-        destinations.append(_phoenix_destination())
+    if settings.phoenix is not None:
+        ui = settings.phoenix.ui_url
+        exporter = _http_exporter(settings.phoenix.otlp_url)
+        destinations.append(_Destination(f"Phoenix {ui}", exporter, ui_url=ui))
     if settings.trace_file is not None:
         try:
             exporter = OTLPJsonLinesExporter(settings.trace_file)
@@ -366,40 +369,3 @@ def configure(
     if set_global:
         trace.set_tracer_provider(provider)
     return setup
-
-
-# ---------------------------------------------------------------------- CLI glue
-def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--otlp``, ``--trace-file`` and ``--trace`` for commands that run sessions."""
-    group = parser.add_argument_group(
-        "tracing", "OpenTelemetry spans; the standard OTEL_* variables are honoured too"
-    )
-    group.add_argument(
-        "--otlp",
-        metavar="URL",
-        help="send spans over OTLP/HTTP (protobuf); a base URL gets /v1/traces",
-    )
-    group.add_argument(
-        "--trace-file",
-        metavar="PATH",
-        type=Path,
-        help="append spans to PATH as OTLP-JSON lines (one span per line)",
-    )
-    group.add_argument(
-        "--trace",
-        choices=["phoenix"],
-        help="send spans to the Phoenix started by `anabranch ui`",
-    )
-
-
-def configure_from_args(args: argparse.Namespace) -> TraceSetup | None:
-    """The setup for a parsed command line; None for commands without tracing flags."""
-    if not hasattr(args, "trace_file"):
-        return None
-    return configure(
-        TraceSettings(
-            otlp=args.otlp,
-            trace_file=args.trace_file,
-            phoenix=args.trace == "phoenix",
-        )
-    )

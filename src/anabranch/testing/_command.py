@@ -1,4 +1,5 @@
-"""``anabranch testing serve``: the local Messages API server from the command line."""
+"""``anabranch testing serve`` and ``python -m anabranch.testing``: the local Messages API
+server from the command line."""
 
 from __future__ import annotations
 
