@@ -13,6 +13,7 @@
     ├── RunError                  a run could not finish
     │   ├── RunFailedError        ``result.raise_for_status()`` of a session that ended failed
     │   ├── MaxTurnsExceeded
+    │   ├── OutputValidationError the answer never matched the agent's output_type
     │   └── CompactionFailedError the compaction circuit breaker tripped with policy "fail"
     └── ModelError                raised by model clients, at their boundary
         ├── ModelConnectionError  the request never got an HTTP answer (retryable)
@@ -46,6 +47,7 @@ __all__ = [
     "ModelAPIError",
     "ModelConnectionError",
     "ModelError",
+    "OutputValidationError",
     "OverloadedError",
     "PromptTooLongError",
     "RateLimitedError",
