@@ -189,7 +189,9 @@ def _print_node(
         f"(uncached {_tokens(usage.input_tokens)}, "
         f"cache read {_tokens(usage.cache_read_input_tokens)} = {node.read_ratio:.0%}, "
         f"write {_tokens(usage.cache_creation_input_tokens)}) "
-        f"out={_tokens(usage.output_tokens)} cost~{_cost(node.cost, node.unpriced_calls)} "
+        f"out={_tokens(usage.output_tokens)}"
+        + (f" (thinking {_tokens(usage.thinking_tokens)})" if usage.thinking_tokens else "")
+        + f" cost~{_cost(node.cost, node.unpriced_calls)} "
         f"compactions={node.compactions}"
     )
     if node.failed_attempts:
@@ -207,7 +209,9 @@ def _print_node(
             f"{inner}call {item.call.id} turn {item.call.turn}: "
             f"uncached {u.input_tokens}, read {u.cache_read_input_tokens} "
             f"({item.read_ratio:.0%}), write {u.cache_creation_input_tokens}, "
-            f"out {u.output_tokens}, cost~"
+            f"out {u.output_tokens}"
+            + (f" (thinking {u.thinking_tokens})" if u.thinking_tokens else "")
+            + ", cost~"
             + (f"${item.cost.total:.4f}" if item.cost is not None else "unpriced")
         )
         if item.cache_break is not None:

@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from anabranch.messages import Message, ToolResultBlock
+from anabranch.messages import Document, Image, Message, ToolResultBlock
 
 __all__ = [
     "ClearedResult",
@@ -58,9 +58,16 @@ def preview(
 
 
 def clear_stub(name: str, result: ToolResultBlock, handle: str) -> str:
-    """The one line that replaces an old tool result in the context."""
+    """The one line that replaces an old tool result in the context (its images and
+    documents are named by kind and size: they leave whole, and come back with recall)."""
     kind = "error, " if result.is_error else ""
-    return f"{_STUB_PREFIX}: {name}, {kind}{len(result.content):,} characters; recall id={handle}]"
+    extra = "".join(
+        f", {a.type} {a.media_type or 'url'} {a.size:,} bytes" for a in result.attachments
+    )
+    return (
+        f"{_STUB_PREFIX}: {name}, {kind}{len(result.content):,} characters{extra}; "
+        f"recall id={handle}]"
+    )
 
 
 def is_cleared(result: ToolResultBlock) -> bool:
@@ -74,6 +81,8 @@ class ClearedResult:
     call_id: str
     handle: str
     content: str
+    attachments: tuple[Image | Document, ...] = ()
+    """Images and documents that left with the result (spilled with it, recallable)."""
 
 
 def clear_tool_results(
@@ -104,10 +113,12 @@ def clear_tool_results(
                 continue
             handle = spill_handle(run_id, block.tool_use_id)
             stub = clear_stub(names.get(block.tool_use_id, "tool"), block, handle)
-            if len(stub) >= len(block.content):
+            if len(stub) >= len(block.content) and not block.attachments:
                 continue
-            blocks[j] = block.model_copy(update={"content": stub})
-            cleared.append(ClearedResult(block.tool_use_id, handle, block.content))
+            blocks[j] = block.model_copy(update={"content": stub, "attachments": ()})
+            cleared.append(
+                ClearedResult(block.tool_use_id, handle, block.content, block.attachments)
+            )
             changed = True
         result.append(message.model_copy(update={"content": tuple(blocks)}) if changed else message)
     return result, cleared

@@ -8,6 +8,7 @@ blocks for an earlier entry; 1h entries must come before 5m entries.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -46,7 +47,14 @@ LOOKBACK_BLOCKS = 20
 TTL_SECONDS: dict[CacheTTL, float] = {"5m": 300.0, "1h": 3600.0}
 
 CacheBreakCause = Literal[
-    "model_changed", "tools_changed", "compaction", "system_changed", "ttl_expired", "unknown"
+    "model_changed",
+    "tools_changed",
+    "thinking_changed",
+    "tool_choice_changed",
+    "compaction",
+    "system_changed",
+    "ttl_expired",
+    "unknown",
 ]
 
 
@@ -196,6 +204,17 @@ class CallCacheState:
     started: float
     """When the request was committed (seconds since the epoch)."""
     usage: Usage
+    settings: str = ""
+    """``ModelSettings.cache_key()`` of the request: thinking and tool choice key the
+    messages part of the cache (``""``: not recorded)."""
+
+
+def _settings_cause(previous: str, current: str) -> CacheBreakCause | None:
+    """Which cache-keying setting changed between two calls, if one did."""
+    if not previous or not current or previous == current:
+        return None
+    before, after = json.loads(previous), json.loads(current)
+    return "thinking_changed" if before[0] != after[0] else "tool_choice_changed"
 
 
 def classify_cache_break(
@@ -203,8 +222,9 @@ def classify_cache_break(
 ) -> CacheBreakCause | None:
     """The cause when ``current`` read less cache than ``previous`` left, else ``None``.
 
-    Causes are checked from the widest invalidation down: model, tools, compaction,
-    system, then idle time beyond ``ttl`` (of the rolling breakpoint) since ``previous``.
+    Causes are checked from the widest invalidation down: model, tools, thinking or tool
+    choice settings, compaction, system, then idle time beyond ``ttl`` (of the rolling
+    breakpoint) since ``previous``.
     """
     if current.usage.cache_read_input_tokens >= expected_cache_read(previous.usage):
         return None
@@ -212,6 +232,9 @@ def classify_cache_break(
         return "model_changed"
     if previous.tools_digest != current.tools_digest:
         return "tools_changed"
+    settings = _settings_cause(previous.settings, current.settings)
+    if settings is not None:
+        return settings
     if current.compactions != previous.compactions:
         return "compaction"
     if previous.system_digest != current.system_digest:

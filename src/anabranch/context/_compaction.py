@@ -264,10 +264,13 @@ def elide_message(
                 f"[tool result of {name} id={block.tool_use_id}: {kind}"
                 f"{len(block.content):,} characters elided"
             )
+            note += "".join(f", {a.type} {a.size:,} bytes" for a in block.attachments)
             if run_id is not None:
                 handle = spill_handle(run_id, block.tool_use_id)
                 note += f"; recall id={handle}"
-                spills.append(ClearedResult(block.tool_use_id, handle, block.content))
+                spills.append(
+                    ClearedResult(block.tool_use_id, handle, block.content, block.attachments)
+                )
             blocks.append(TextBlock(text=note + "]"))
         else:
             blocks.append(block)

@@ -13,7 +13,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from pydantic import TypeAdapter
+
 from anabranch.messages import (
+    Attachment,
     Document,
     Image,
     Message,
@@ -26,7 +29,12 @@ from anabranch.messages import (
 __all__ = [
     "DOCUMENT_PAGE_TOKENS",
     "IMAGE_TOKENS",
+    "ATTACHMENTS_SUFFIX",
     "attachment_note",
+    "attachments_from_json",
+    "attachments_handle",
+    "attachments_to_json",
+    "content_violations",
     "attachment_tokens",
     "drop_thinking",
     "leading_thinking_intact",
@@ -108,6 +116,18 @@ def leading_thinking_intact(messages: Sequence[Message]) -> bool:
     return isinstance(first, ThinkingBlock | RedactedThinkingBlock)
 
 
+def content_violations(
+    before: Sequence[Message], after: Sequence[Message], *, thinking: bool
+) -> list[str]:
+    """Why ``after`` (a compacted ``before``) breaks the thinking rules; empty when it
+    does not: no thinking block edited or invented, and with thinking on the last
+    assistant turn of an open tool loop still leads with its thinking."""
+    problems = thinking_unchanged(before, after)
+    if thinking and leading_thinking_intact(before) and not leading_thinking_intact(after):
+        problems.append("the last tool-use turn no longer starts with its thinking block")
+    return problems
+
+
 def drop_thinking(messages: Sequence[Message]) -> list[Message]:
     """``messages`` without thinking blocks, for a request that does not think (e.g. a
     summarizer): earlier turns' thinking may be omitted, never altered. A turn that was
@@ -133,3 +153,20 @@ def without_attachments(result: ToolResultBlock, handle: str) -> ToolResultBlock
     notes = "\n".join(attachment_note(a, handle) for a in result.attachments)
     content = f"{result.content}\n{notes}" if result.content else notes
     return result.model_copy(update={"content": content, "attachments": ()})
+
+
+ATTACHMENTS_SUFFIX = ".attachments"
+"""A spilled result's images and documents are kept under its handle plus this suffix."""
+_ATTACHMENT_LIST: TypeAdapter[list[Attachment]] = TypeAdapter(list[Attachment])
+
+
+def attachments_handle(handle: str) -> str:
+    return handle + ATTACHMENTS_SUFFIX
+
+
+def attachments_to_json(attachments: Sequence[Image | Document]) -> str:
+    return _ATTACHMENT_LIST.dump_json(list(attachments)).decode()
+
+
+def attachments_from_json(text: str) -> tuple[Image | Document, ...]:
+    return tuple(_ATTACHMENT_LIST.validate_json(text))

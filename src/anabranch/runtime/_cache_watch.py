@@ -55,6 +55,7 @@ def _state(call: CallRecord, model: str, digests: tuple[str, str]) -> CallCacheS
         compactions=call.compactions or 0,
         started=call.created,
         usage=Usage.model_validate_json(call.usage or "{}"),
+        settings=call.settings or "",
     )
 
 

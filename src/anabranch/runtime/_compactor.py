@@ -44,6 +44,12 @@ from anabranch.context._compaction import (
     verbatim_context,
     windowed_context,
 )
+from anabranch.context._content import (
+    attachments_handle,
+    attachments_to_json,
+    content_violations,
+    drop_thinking,
+)
 from anabranch.context._layout import encode_layout, expand_ranges
 from anabranch.context._tokens import estimate_messages, estimate_request
 from anabranch.errors import CompactionFailedError, ModelError, PromptTooLongError
@@ -330,6 +336,9 @@ class CompactingPipeline:
         if level >= DEEPEST_LEVEL:
             rebuilt = _stub_everything(rebuilt, run.id)
         problems = context_violations(rebuilt.messages)
+        problems += content_violations(
+            run.context, rebuilt.messages, thinking=run.agent.model_settings.thinking
+        )
         if problems:
             raise _CompactionError("invalid compacted context: " + "; ".join(problems))
         return rebuilt
@@ -388,7 +397,9 @@ class CompactingPipeline:
         for model in models:
             room = budget
             for _ in range(3):
-                messages = summary_request(fit_for_summarizer(split.head, room), instructions)
+                # the summarizer does not think: earlier thinking is omitted, never altered
+                head = drop_thinking(fit_for_summarizer(split.head, room))
+                messages = summary_request(head, instructions)
                 request = run.with_breakpoints(
                     ModelRequest(
                         model=model,
@@ -464,6 +475,13 @@ class CompactingPipeline:
         layout = encode_layout(rebuilt.messages, new_seqs, run.next_seq)
         for spill in rebuilt.spills:
             await store.save_spill(spill.handle, run.id, spill.call_id, spill.content)
+            if spill.attachments:  # images and documents leave whole and stay recallable
+                await store.save_spill(
+                    attachments_handle(spill.handle),
+                    run.id,
+                    spill.call_id,
+                    attachments_to_json(spill.attachments),
+                )
         rows = [
             MessageRecord(
                 run_id=run.id,

@@ -17,7 +17,11 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from anabranch.agents import Agent
-from anabranch.context._content import attachment_note
+from anabranch.context._content import (
+    attachment_note,
+    attachments_from_json,
+    attachments_handle,
+)
 from anabranch.messages import (
     Document,
     Image,
@@ -110,6 +114,7 @@ class RecallTool:
     async def _fetch(self, run: RunView, handle: str, offset: int) -> ToolOutcome:
         store = run.store
         text: str | None = None
+        attachments: tuple[Image | Document, ...] = ()
         match = _MESSAGE_ID.match(handle)
         if match:
             seq = int(match.group(1))
@@ -120,12 +125,15 @@ class RecallTool:
                     {"role": record.role, "content": json.loads(record.content)}
                 )
                 text = _render(message)
+                attachments = tuple(message.attachments)
         else:
             spill = await store.get_spill_record(handle)
             if spill is not None:
                 owner = await store.get_run(spill.run_id)
                 if owner is not None and owner.session_id == run.session_id:
                     text = spill.content
+                    extra = await store.get_spill(attachments_handle(handle))
+                    attachments = attachments_from_json(extra) if extra else ()
         if text is None:
             return ToolOutcome(f"Nothing is stored under id {handle!r} for this run.", True)
         page = max(1, run.agent.context.tool_result_max_chars - _PAGE_NOTE_ROOM)
@@ -135,7 +143,7 @@ class RecallTool:
         end = offset + len(chunk)
         if end < len(text):
             chunk += f"\n[{len(text) - end:,} more characters: recall id={handle} offset={end}]"
-        return ToolOutcome(chunk)
+        return ToolOutcome(chunk, attachments=attachments if offset == 0 else ())
 
     async def _search(self, run: RunView, query: str, limit: int) -> ToolOutcome:
         hits = await run.store.search_history(run.id, query, limit)

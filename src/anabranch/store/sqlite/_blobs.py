@@ -22,8 +22,10 @@ BLOB_COLUMNS: Mapping[str, tuple[str, ...]] = {
     "messages": ("content",),
     "boundaries": ("prefix",),
     "tool_events": ("attachments",),
+    "spills": ("content",),
 }
 """The JSON columns, by table, whose images and documents are stored as blobs."""
+_JSON_COLUMNS = frozenset(c for columns in BLOB_COLUMNS.values() for c in columns)
 _KINDS = frozenset({"image", "document"})
 _REF = '"blob":"sha256:'
 
@@ -63,6 +65,8 @@ def _dumps(value: Any) -> str:
 def dehydrate(conn: sqlite3.Connection, table: str, values: dict[str, Any]) -> dict[str, Any]:
     """``values`` with each payload moved to ``blobs`` (inside ``conn``'s transaction)."""
     columns = BLOB_COLUMNS.get(table, ())
+    if table == "spills" and not str(values.get("handle", "")).endswith(".attachments"):
+        return values  # a spilled text is kept exactly as written
     out = values
     for column in columns:
         text = values.get(column)
@@ -89,8 +93,12 @@ def hydrate_rows(conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> list[d
     wanted: list[tuple[dict[str, Any], str, Any]] = []
     for row in rows:
         for column, text in row.items():
-            if isinstance(text, str) and _REF in text:
+            if column not in _JSON_COLUMNS or not isinstance(text, str) or _REF not in text:
+                continue
+            try:
                 wanted.append((row, column, json.loads(text)))
+            except ValueError:
+                continue  # a text that only mentions a blob
     if not wanted:
         return rows
     refs = [(block, doc) for _, _, doc in wanted for block in _ref_blocks(doc)]

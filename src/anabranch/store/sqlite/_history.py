@@ -19,6 +19,7 @@ from anabranch.store._records import (
     SpillRecord,
     ToolEventRecord,
 )
+from anabranch.store.sqlite._blobs import dehydrate
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._rows import (
     CALL_SQL,
@@ -381,21 +382,21 @@ class SQLiteHistory:
             "content": content,
             "created": time.time(),
         }
-        await self._sql.write(
-            lambda conn: conn.execute(
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
                 "INSERT OR IGNORE INTO spills(handle, run_id, call_id, content, created) "
                 "VALUES (:handle, :run_id, :call_id, :content, :created)",
-                values,
+                dehydrate(conn, "spills", values),  # a spilled image is a blob too
             )
-        )
+
+        await self._sql.write(write)
 
     async def get_spill(self, handle: str) -> str | None:
         rows = await self._sql.read(
-            lambda conn: conn.execute(
-                "SELECT content FROM spills WHERE handle = ?", (handle,)
-            ).fetchall()
+            lambda conn: fetch_rows(conn, "SELECT content FROM spills WHERE handle = ?", (handle,))
         )
-        return str(rows[0][0]) if rows else None
+        return str(rows[0]["content"]) if rows else None
 
     async def get_spill_record(self, handle: str) -> SpillRecord | None:
         """The spill behind ``handle`` with the run that saved it."""
