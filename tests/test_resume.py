@@ -9,9 +9,7 @@ in ``tests/crash/``.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -30,6 +28,7 @@ from anabranch.runtime._builtins import ToolOutcome
 from anabranch.runtime._loop import INTERRUPTED_REPORT, AgentRun
 from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.testing import FunctionModel
+from tests.databases import Db, rows, table_counts
 
 from .helpers import wait_until
 
@@ -70,7 +69,7 @@ class Script:
 
 
 async def stop_at(
-    db: Path,
+    db: Db,
     agent: Agent,
     task: str,
     model: FunctionModel,
@@ -92,18 +91,7 @@ async def stop_at(
     return ids[0]
 
 
-def rows(db: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(db) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
-def table_counts(db: Path) -> dict[str, int]:
-    with sqlite3.connect(db) as conn:
-        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        return {n: conn.execute(f"SELECT COUNT(*) FROM {n}").fetchone()[0] for n in names}
-
-
-def transcript(db: Path, session_id: str) -> list[tuple[str, str]]:
+def transcript(db: Db, session_id: str) -> list[tuple[str, str]]:
     return rows(
         db,
         "SELECT m.role, m.content FROM messages m JOIN runs r ON r.id = m.run_id "
@@ -143,8 +131,7 @@ class Effects:
 # ---------------------------------------------------------------- a request in flight
 
 
-async def test_request_in_flight_is_sent_again_identically(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
+async def test_request_in_flight_is_sent_again_identically(db: Db) -> None:
     effects = Effects()
     agent = Agent(name="worker", tools=[effects.tool("fetch")], instructions="Be brief.")
     script = Script([("toolu_a", "fetch", {"key": "x"})], block_on=2)
@@ -175,8 +162,7 @@ async def test_request_in_flight_is_sent_again_identically(tmp_path: Path) -> No
     assert roles == ["user", "assistant", "user", "assistant"]
 
 
-async def test_first_request_in_flight_is_sent_again(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
+async def test_first_request_in_flight_is_sent_again(db: Db) -> None:
     agent = Agent(name="worker")
     script = Script([], block_on=1)
     before = script.model()
@@ -192,8 +178,7 @@ async def test_first_request_in_flight_is_sent_again(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- tools partly done
 
 
-async def test_only_missing_tools_run_again_with_the_same_call_ids(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
+async def test_only_missing_tools_run_again_with_the_same_call_ids(db: Db) -> None:
     effects = Effects()
     reached = anyio.Event()
     first_process = True
@@ -262,8 +247,7 @@ class StopBeforeResults(PassThroughPipeline):
         return outcome  # pragma: no cover
 
 
-async def test_finished_tools_never_run_again(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
+async def test_finished_tools_never_run_again(db: Db) -> None:
     effects = Effects()
     agent = Agent(name="worker", tools=[effects.tool("pay"), effects.tool("mail")])
     script = Script([("toolu_p", "pay", {"key": "10"}), ("toolu_m", "mail", {"key": "bob"})])
@@ -287,7 +271,7 @@ async def test_finished_tools_never_run_again(tmp_path: Path) -> None:
 
 
 async def _stop_mid_tool(
-    db: Path, on_interrupt: str
+    db: Db, on_interrupt: str
 ) -> tuple[str, Effects, Agent, Script, list[str]]:
     effects = Effects()
     reached = anyio.Event()
@@ -307,8 +291,7 @@ async def _stop_mid_tool(
     return session_id, effects, agent, script, call_ids
 
 
-async def test_interrupted_tool_retry_runs_again_with_same_call_id(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
+async def test_interrupted_tool_retry_runs_again_with_same_call_id(db: Db) -> None:
     session_id, effects, agent, script, call_ids = await _stop_mid_tool(db, "retry")
     async with Runtime(db=db, model=script.model(), retry=FAST, agents=[agent]) as rt:
         result = await rt.resume(session_id)
@@ -317,8 +300,7 @@ async def test_interrupted_tool_retry_runs_again_with_same_call_id(tmp_path: Pat
     assert result.output == "answer: toolu_pay=pay(42) ok"
 
 
-async def test_interrupted_tool_report_tells_the_model(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
+async def test_interrupted_tool_report_tells_the_model(db: Db) -> None:
     session_id, effects, agent, script, call_ids = await _stop_mid_tool(db, "report")
     after = script.model()
     async with Runtime(db=db, model=after, retry=FAST, agents=[agent]) as rt:
@@ -339,8 +321,7 @@ def _refuse(request: ModelRequest) -> str:
     raise AssertionError("the model must not be called")
 
 
-async def test_resuming_a_finished_session_does_not_call_the_model(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
+async def test_resuming_a_finished_session_does_not_call_the_model(db: Db) -> None:
     effects = Effects()
     agent = Agent(name="worker", tools=[effects.tool("fetch")])
     script = Script([("toolu_a", "fetch", {"key": "x"})])
@@ -354,9 +335,8 @@ async def test_resuming_a_finished_session_does_not_call_the_model(tmp_path: Pat
     assert effects.invocations == [("fetch", "toolu_a")]
 
 
-async def test_stop_after_the_answer_was_committed(tmp_path: Path) -> None:
+async def test_stop_after_the_answer_was_committed(db: Db) -> None:
     """The root's answer is committed but the session was not marked done yet."""
-    db = tmp_path / "s.db"
     agent = Agent(name="worker")
     reached = anyio.Event()
     ids: list[str] = []
@@ -406,9 +386,8 @@ class Probe(PassThroughPipeline):
             await anyio.sleep_forever()
 
 
-async def test_resumed_run_counts_tokens_like_the_live_run(tmp_path: Path) -> None:
+async def test_resumed_run_counts_tokens_like_the_live_run(db: Db) -> None:
     """Compaction decisions after resume must match an uninterrupted run's."""
-    db = tmp_path / "s.db"
     effects = Effects()
     agent = Agent(name="worker", tools=[effects.tool("fetch")])
     script = Script([("toolu_a", "fetch", {"key": "x" * 300})])
@@ -428,8 +407,7 @@ async def test_resumed_run_counts_tokens_like_the_live_run(tmp_path: Path) -> No
 # ---------------------------------------------------------------- leases
 
 
-async def test_a_live_session_cannot_be_resumed_twice(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
+async def test_a_live_session_cannot_be_resumed_twice(db: Db) -> None:
     agent = Agent(name="worker")
     script = Script([], block_on=1)
     ids: list[str] = []
@@ -449,8 +427,7 @@ async def test_a_live_session_cannot_be_resumed_twice(tmp_path: Path) -> None:
             group.cancel_scope.cancel()
 
 
-async def test_an_expired_lease_is_taken_over(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
+async def test_an_expired_lease_is_taken_over(db: Db) -> None:
     agent = Agent(name="worker")
     script = Script([], block_on=1)
     session_id = await stop_at(db, agent, "q", script.model(), script.reached)
@@ -461,8 +438,7 @@ async def test_an_expired_lease_is_taken_over(tmp_path: Path) -> None:
     assert result.status == "done"
 
 
-async def test_a_lost_lease_stops_the_process(tmp_path: Path) -> None:
-    db = tmp_path / "s.db"
+async def test_a_lost_lease_stops_the_process(db: Db) -> None:
     reached = anyio.Event()
 
     async def wait(ctx: ToolContext) -> None:
@@ -486,8 +462,7 @@ async def test_a_lost_lease_stops_the_process(tmp_path: Path) -> None:
             group.start_soon(run)
             await reached.wait()
             # Another process took the session over after this one stalled.
-            with sqlite3.connect(db) as conn:
-                conn.execute("UPDATE leases SET owner = 'thief', expires = 1e12")
+            rows(db, "UPDATE leases SET owner = 'thief', expires = 1e12")
     assert len(errors) == 1 and "taken over" in str(errors[0])
     statuses = rows(db, "SELECT status FROM session_events ORDER BY id")
     assert statuses == [("running",), ("running",)]  # nothing written after the loss

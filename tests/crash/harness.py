@@ -68,7 +68,7 @@ def fork_context() -> ForkServerContext:
     global _context
     if _context is None:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["tests.crash.driver"])
+        context.set_forkserver_preload(["tests.crash.driver", "tests.crash.worker"])
         _context = context
     return _context
 
@@ -145,10 +145,12 @@ class Chain:
     kills: list[KillPoint] = field(default_factory=list)
     """Kill points that did kill an attempt (others were not reached: the session finished)."""
     result: dict[str, Any] | None = None
+    dsn: str | None = None
+    """The PostgreSQL database of the chain, if it does not run on its own SQLite file."""
 
     @property
-    def db(self) -> Path:
-        return self.workdir / "session.db"
+    def db(self) -> Path | str:
+        return self.dsn if self.dsn is not None else self.workdir / "session.db"
 
 
 class Harness:
@@ -242,7 +244,7 @@ def _session_in(chain: Chain) -> str | None:
     file = chain.workdir / "session_id"
     if file.exists():
         return file.read_text().strip()
-    if not chain.db.exists():
+    if isinstance(chain.db, Path) and not chain.db.exists():
         return None
     with closing(_connect(chain.db)) as conn:
         try:
@@ -252,8 +254,52 @@ def _session_in(chain: Chain) -> str | None:
     return str(row[0]) if row else None
 
 
-def _connect(db: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True, timeout=30)
+class _Row(dict[str, Any]):
+    """A row read by key or by position, like ``sqlite3.Row``."""
+
+    def __getitem__(self, key: str | int) -> Any:  # type: ignore[override]
+        if isinstance(key, int):
+            return list(self.values())[key]
+        return super().__getitem__(key)
+
+
+class _PostgresReader:
+    """Enough of ``sqlite3.Connection`` for the reads below, on a PostgreSQL DSN."""
+
+    def __init__(self, dsn: str) -> None:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        self.conn = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
+        self.conn.execute("SET search_path TO anabranch")
+        self.row_factory: Any = None
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> _Rows:
+        return _Rows(self.conn.execute(sql.replace("?", "%s"), params))  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class _Rows:
+    def __init__(self, cursor: Any) -> None:
+        self.cursor = cursor
+
+    def fetchone(self) -> _Row | None:
+        row = self.cursor.fetchone()
+        return _Row(row) if row is not None else None
+
+    def fetchall(self) -> list[_Row]:
+        return [_Row(row) for row in self.cursor]
+
+    def __iter__(self) -> Iterator[_Row]:
+        return (_Row(row) for row in self.cursor)
+
+
+def _connect(db: Path | str) -> Any:
+    if isinstance(db, str) and db.startswith("postgresql://"):
+        return _PostgresReader(db)
+    return sqlite3.connect(f"{Path(db).absolute().as_uri()}?mode=ro", uri=True, timeout=30)
 
 
 # ---------------------------------------------------------------- transcripts
@@ -293,7 +339,7 @@ class Transcript:
     seq_gaps: tuple[str, ...]
 
 
-def transcript(db: Path, session_id: str) -> Transcript:
+def transcript(db: Path | str, session_id: str) -> Transcript:
     """The session's committed state, normalized so two runs of the scenario compare."""
     names = _Names()
     with closing(_connect(db)) as conn:

@@ -47,7 +47,7 @@ class Config:
 
     effects: Path | None = None
     violations: Path | None = None
-    db: Path | None = None
+    db: Path | str | None = None
     kill_event: str | None = None
     kill_at: int = 0
     tool_calls: int = field(default=0)
@@ -57,7 +57,9 @@ KILL = Config()
 _count_lock = threading.Lock()  # sync tools run in worker threads
 
 
-def configure(*, effects: Path, violations: Path, db: Path, event: str | None, at: int) -> None:
+def configure(
+    *, effects: Path, violations: Path, db: Path | str, event: str | None, at: int
+) -> None:
     KILL.effects, KILL.violations, KILL.db = effects, violations, db
     KILL.kill_event, KILL.kill_at, KILL.tool_calls = event, at, 0
 
@@ -68,6 +70,16 @@ def _die() -> None:
 
 def _finished_before(ctx: ToolContext) -> bool:
     assert KILL.db is not None
+    if isinstance(KILL.db, str):  # a PostgreSQL DSN
+        import psycopg
+
+        with psycopg.connect(KILL.db) as pg:
+            found = pg.execute(
+                "SELECT 1 FROM anabranch.tool_events WHERE run_id = %s AND call_id = %s "
+                "AND event = 'finished'",
+                (ctx.run_id, ctx.call_id),
+            ).fetchone()
+        return found is not None
     conn = sqlite3.connect(KILL.db, timeout=30)
     try:
         row = conn.execute(

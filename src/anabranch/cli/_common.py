@@ -28,6 +28,10 @@ def add_command(
 ) -> argparse.ArgumentParser:
     """Register a sub-command that takes ``--db``; every command module uses this."""
     sub = commands.add_parser(name, help=help_text, description=help_text)
-    sub.add_argument("--db", default=default_db(), help="SQLite file (default %(default)s)")
+    sub.add_argument(
+        "--db",
+        default=default_db(),
+        help="SQLite file or postgresql:// DSN (default $ANABRANCH_DB or anabranch.db)",
+    )
     sub.set_defaults(handler=handler)
     return sub

@@ -15,7 +15,7 @@ import anyio
 import pydantic
 
 from anabranch.agents import Agent, Graph
-from anabranch.cli import _compaction, _memory, _ui
+from anabranch.cli import _compaction, _memory, _ui, _workers
 from anabranch.cli._common import CliError, Handler, add_command
 from anabranch.cli._limits import declared_windows, window_labels
 from anabranch.cli._progress import add_progress_arguments, event_printer
@@ -27,7 +27,8 @@ from anabranch.models._base import Model
 from anabranch.runtime._loader import load_object, split_reference
 from anabranch.runtime._report import RunNode, list_sessions, session_tree, tree_totals
 from anabranch.runtime._runtime import DEFAULT_DB, Runtime
-from anabranch.store import RunRecord, SessionRecord, SQLiteStore, Store
+from anabranch.store import RunRecord, SessionRecord, Store, describe_db, open_store
+from anabranch.store._dsn import resumable_db
 from anabranch.testing import _command as _testing
 
 __all__ = ["main"]
@@ -108,7 +109,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _session_source(db: str, session_id: str) -> str | None:
-    store = await SQLiteStore.open(db, create=False)
+    store = await open_store(db, create=False)
     try:
         session = await store.get_session(session_id)
     finally:
@@ -156,7 +157,7 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
         if s.status == "interrupted":
             unfinished.append(s.session.id)
     if unfinished:
-        db = "" if args.db == DEFAULT_DB else f" --db {shlex.quote(str(args.db))}"
+        db = "" if args.db == DEFAULT_DB else f" --db {shlex.quote(resumable_db(args.db))}"
         print("\nunfinished sessions; continue each where it stopped with:")
         for session_id in unfinished:
             print(f"  anabranch resume {shlex.quote(session_id)}{db}")
@@ -280,7 +281,9 @@ async def cmd_show(args: argparse.Namespace) -> int:
             run = await rt.store.get_run(args.session_id)
             session = await rt.store.get_session(run.session_id) if run else None
         if session is None:
-            raise CliError(f"no session with id {args.session_id!r} in {args.db} (nor a run)")
+            raise CliError(
+                f"no session with id {args.session_id!r} in {describe_db(args.db)} (nor a run)"
+            )
         if args.system:
             await _print_snapshots(rt.store, session, run)
             return 0
@@ -360,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     _compaction.register(commands)
     _ui.register(commands)
     _memory.register(commands)
+    _workers.register(commands)
     return parser
 
 

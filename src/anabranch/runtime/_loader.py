@@ -10,7 +10,7 @@ from typing import Any
 
 from anabranch.errors import UserError
 
-__all__ = ["load_object", "split_reference"]
+__all__ = ["load_module", "load_object", "split_reference"]
 
 
 def split_reference(reference: str) -> tuple[Path, str]:
@@ -32,6 +32,20 @@ def load_object(reference: str) -> Any:
         UserError: missing file, import failure, or no such name in it.
     """
     path, name = split_reference(reference)
+    module = load_module(path)
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise UserError(f"{path} has no object named {name!r}") from None
+
+
+def load_module(path: Path) -> Any:
+    """Import the Python file at ``path`` once per process and return the module.
+
+    Raises:
+        UserError: missing file or import failure.
+    """
+    path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise UserError(f"no Python file at {path}")
     module_name = "anabranch_user_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
@@ -51,7 +65,4 @@ def load_object(reference: str) -> Any:
         finally:
             if sys.path and sys.path[0] == str(path.parent):
                 sys.path.pop(0)
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise UserError(f"{path} has no object named {name!r}") from None
+    return module

@@ -9,7 +9,6 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from pathlib import Path
 from typing import Any, Literal
 
 import anyio
@@ -40,6 +39,7 @@ from anabranch.runtime._graph import (
 from anabranch.runtime._loader import load_object
 from anabranch.runtime._loop import AgentRun, new_id
 from anabranch.runtime._memory import ForgetTool, LogTool, RememberTool, memory_session_start
+from anabranch.runtime import _queued
 from anabranch.runtime._pipeline import ContextPipeline
 from anabranch.runtime._recall import RecallTool
 from anabranch.runtime._results import GraphResult, RunResult, build_result, session_usage
@@ -47,7 +47,7 @@ from anabranch.runtime._rewind import rewind_run
 from anabranch.runtime._session import SessionDriver, SessionEnd
 from anabranch.runtime._spawn import SpawnLimits, SpawnTool
 from anabranch.runtime._task_input import task_message, task_text
-from anabranch.store import BoundaryRecord, RunRecord, SessionRecord, SQLiteStore, Store
+from anabranch.store import BoundaryRecord, RunRecord, SessionRecord, Store, describe_db, open_store
 from anabranch.store.sqlite import Synchronous
 from anabranch.traces import Tracing
 
@@ -66,22 +66,22 @@ def default_pipeline() -> ContextPipeline[AgentRun]:
     return CompactingPipeline()
 
 
-def _agent_outline(agent: Agent) -> dict[str, Any]:
+def agent_outline(agent: Agent) -> dict[str, Any]:
     return {
         "name": agent.name,
         "model": agent.model,
         "window": agent.context.window,
         "tools": [t.name for t in agent.tools],
-        "subagents": [_agent_outline(a) for a in agent.subagents],
+        "subagents": [agent_outline(a) for a in agent.subagents],
     }
 
 
 class Runtime:
-    """Runs agents against a SQLite store. Use as ``async with Runtime(db=...) as rt``.
+    """Runs agents against a store. Use as ``async with Runtime(db=...) as rt``.
 
     Args:
-        db: path of the SQLite file (created owner-only), default ``$ANABRANCH_DB`` or
-            ``./anabranch.db``.
+        db: path of the SQLite file (created owner-only) or a ``postgresql://`` DSN (needs
+            the ``postgres`` extra), default ``$ANABRANCH_DB`` or ``./anabranch.db``.
         store: an open ``Store`` of any backend to use instead of opening ``db`` (the
             caller keeps it: the runtime does not close it).
         model: the model client; default ``AnthropicModel()`` (``ANTHROPIC_API_KEY``,
@@ -118,7 +118,10 @@ class Runtime:
         spawn_limits: SpawnLimits | None = None,
         on_event: EventCallback | None = None,
     ) -> None:
-        self.db_path = Path(db if db is not None else os.environ.get("ANABRANCH_DB", DEFAULT_DB))
+        chosen = db if db is not None else os.environ.get("ANABRANCH_DB", DEFAULT_DB)
+        self._db = os.fspath(chosen)
+        self.db = describe_db(self._db)
+        """The database as it may be shown: a file path, or a DSN without its password."""
         self._model = model
         self.retry = retry or RetryPolicy()
         self.tracing = Tracing(tracer_provider, capture_content=capture_content)
@@ -139,6 +142,7 @@ class Runtime:
             raise UserError("on_event must be a function taking one event")
         self.on_event = on_event
         self._created_model: AnthropicModel | None = None
+        self._submitter: Any = None
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Runtime:
@@ -152,9 +156,7 @@ class Runtime:
         if self._store is None and self._given_store is not None:
             self._store = self._given_store
         elif self._store is None:
-            self._store = await SQLiteStore.open(
-                self.db_path, create=create, synchronous=self.synchronous
-            )
+            self._store = await open_store(self._db, create=create, synchronous=self.synchronous)
         self._session_driver = SessionDriver(
             self._store, self._owner, self.lease_ttl, events=self.events, on_event=self.on_event
         )
@@ -162,6 +164,9 @@ class Runtime:
     async def aclose(self) -> None:
         """Close the store (unless it was given) and the model client this runtime created."""
         self._session_driver = None
+        if self._submitter is not None:
+            submitter, self._submitter = self._submitter, None
+            await submitter.close()
         if self._created_model is not None:
             created, self._created_model = self._created_model, None
             if self._model is created:
@@ -273,7 +278,7 @@ class Runtime:
             entry=agent.name,
             task=text,
             source=source,
-            outline=_agent_outline(agent),
+            outline=agent_outline(agent),
             on_session=on_session,
         )
         env = self.environment(session_id)
@@ -428,6 +433,37 @@ class Runtime:
             return run
 
         return await self._drive_agent(session_id, root_agent.name, load_and_continue, task=message)
+
+    # ------------------------------------------------------------------ queued sessions
+    async def submit(
+        self, agent: Agent, task: str, *, queue: str | None = None, source: str | None = None
+    ) -> str:
+        """Commit a new session and put it on a DBOS queue for ``anabranch worker``
+        processes (PostgreSQL only); returns its id at once. ``wait(id)`` for the result.
+
+        Args:
+            queue: the DBOS queue (default ``anabranch``); a worker serves one queue.
+            source: ``file.py:name`` the agent came from (for ``anabranch resume``).
+        """
+        return await _queued.submit(self, agent, task, queue=queue, source=source)
+
+    async def wait(
+        self,
+        session_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - ends with a clear error (CLI --timeout)
+    ) -> RunResult:
+        """The result of a session once it has finished (``done`` or ``failed``), whoever
+        runs it (polls the store).
+
+        Raises:
+            SessionNotFoundError: no such session; UserError: not finished in ``timeout``.
+        """
+        return await _queued.wait(self, session_id, timeout)
+
+    def defines(self, session: SessionRecord) -> bool:
+        """Whether this runtime was given the session's entry agent (or graph) by name."""
+        return _queued.defines(self, session)
 
     def resolve_agent(self, session: SessionRecord, agent: Agent | None = None) -> Agent:
         """The root agent of a session: given, registered, or loaded from its source."""

@@ -1,7 +1,14 @@
-"""Persistence: the ``Store`` protocol, its records, and the SQLite backend.
+"""Persistence: the ``Store`` protocol, its records, and the SQLite and PostgreSQL backends.
 
-Knows nothing of models or contexts."""
+Knows nothing of models or contexts. ``open_store`` picks the backend from the database
+string; ``PostgresStore`` needs the ``postgres`` extra (it is imported on first use)."""
 
+from typing import TYPE_CHECKING, Any
+
+from anabranch.store._dsn import is_postgres_url as is_postgres_url
+from anabranch.store._dsn import redact_dsn as redact_dsn
+from anabranch.store._open import describe_db as describe_db
+from anabranch.store._open import open_store as open_store
 from anabranch.store._protocol import Store as Store
 from anabranch.store._records import BoundaryRecord as BoundaryRecord
 from anabranch.store._records import CallRecord as CallRecord
@@ -22,6 +29,7 @@ __all__ = [
     "ContextLimitRecord",
     "HistoryHit",
     "MessageRecord",
+    "PostgresStore",
     "RunRecord",
     "RunStatus",
     "SQLiteStore",
@@ -30,4 +38,19 @@ __all__ = [
     "SpillRecord",
     "Store",
     "ToolEventRecord",
+    "describe_db",
+    "is_postgres_url",
+    "open_store",
+    "redact_dsn",
 ]
+
+if TYPE_CHECKING:
+    from anabranch.store.postgres import PostgresStore as PostgresStore
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PostgresStore":  # psycopg is an optional dependency
+        from anabranch.store.postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

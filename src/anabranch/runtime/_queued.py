@@ -1,0 +1,98 @@
+"""Queued sessions: ``Runtime.submit`` and ``Runtime.wait``.
+
+``submit`` commits the session, then enqueues its DBOS workflow (``_dispatch``) for the
+worker processes; ``wait`` polls the store until a worker finished the session. Both need
+PostgreSQL; DBOS is imported only when a session is submitted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import anyio
+
+from anabranch.errors import SessionNotFoundError, UserError
+from anabranch.runtime._results import RunResult, build_result
+from anabranch.store import SessionRecord, is_postgres_url
+
+if TYPE_CHECKING:
+    from anabranch.agents import Agent
+    from anabranch.runtime._runtime import Runtime
+
+__all__ = ["defines", "submit", "wait"]
+
+POLL_FIRST = 0.05
+POLL_MAX = 1.0
+
+
+def _postgres_dsn(rt: Runtime, what: str) -> str:
+    dsn = rt._db
+    if not is_postgres_url(dsn):
+        raise UserError(f"{what} needs a PostgreSQL database (db='postgresql://...'), not {rt.db}")
+    return dsn
+
+
+async def submit(
+    rt: Runtime, agent: Agent, task: str, *, queue: str | None, source: str | None
+) -> str:
+    from anabranch.agents import Agent
+
+    if not isinstance(agent, Agent):
+        raise UserError(f"submit() needs an Agent, got {type(agent).__name__}")
+    if not isinstance(task, str) or not task.strip():
+        raise UserError("the task must be a non-empty string")
+    dsn = _postgres_dsn(rt, "submit")
+    from anabranch.runtime._dispatch import DEFAULT_QUEUE, Submitter
+    from anabranch.runtime._runtime import agent_outline
+
+    rt.register(agent)
+    session_id = await rt.open_session(
+        kind="agent",
+        entry=agent.name,
+        task=task,
+        source=source,
+        outline=agent_outline(agent),
+        on_session=None,
+    )
+    if rt._submitter is None:
+        rt._submitter = Submitter(dsn)
+    await rt._submitter.enqueue(session_id, queue or DEFAULT_QUEUE)
+    return session_id
+
+
+async def wait(rt: Runtime, session_id: str, timeout: float | None) -> RunResult:
+    delay = POLL_FIRST
+    session: SessionRecord | None = None
+    with anyio.move_on_after(timeout):
+        while True:
+            session = await rt.store.get_session(session_id)
+            if session is None:
+                raise SessionNotFoundError(session_id)
+            if _finished(session):
+                break
+            await anyio.sleep(delay)
+            delay = min(delay * 1.5, POLL_MAX)
+    if session is None or not _finished(session):
+        raise UserError(f"session {session_id} did not finish within {timeout:g} s")
+    if session.kind != "agent":
+        return await rt.resume(session_id)  # a finished graph returns its stored result
+    runs = await rt.store.list_runs(session_id)
+    root = next((r for r in runs if r.parent_run_id is None and r.task_id is None), None)
+    return await build_result(
+        rt.store,
+        session_id,
+        run_id=root.id if root else "",
+        agent=session.entry,
+        status="done" if session.status == "done" else "failed",
+        output=session.output if session.status == "done" else (root.output if root else ""),
+        error=session.error,
+    )
+
+
+def _finished(session: SessionRecord) -> bool:
+    return session.status in ("done", "failed") and session.finished is not None
+
+
+def defines(rt: Runtime, session: SessionRecord) -> bool:
+    known = rt.graphs if session.kind == "graph" else rt._agents
+    return session.entry in known

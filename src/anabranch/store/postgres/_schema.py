@@ -1,0 +1,150 @@
+"""The PostgreSQL schema (``anabranch``) and its forward-only, versioned migrations.
+
+The same tables as the SQLite store. History tables are append-only, enforced by
+triggers: an ``UPDATE``, ``DELETE`` or ``TRUNCATE`` raises. Only ``leases`` (who drives a
+session now), ``workers`` (heartbeats) and ``meta`` change in place. History search uses
+PostgreSQL's own full-text search: expression GIN indexes over the text of each message
+and spill, so no second copy of the text is stored.
+"""
+
+from __future__ import annotations
+
+__all__ = ["APP_ID", "MIGRATIONS", "SCHEMA", "SCHEMA_VERSION", "TEXT_SEARCH_CONFIG"]
+
+APP_ID = "anabranch"
+SCHEMA = "anabranch"
+TEXT_SEARCH_CONFIG = "simple"
+"""No stemming and no stop words, like SQLite's ``unicode61`` tokenizer."""
+
+APPEND_ONLY = (
+    "sessions",
+    "session_events",
+    "runs",
+    "run_ends",
+    "messages",
+    "calls",
+    "call_outcomes",
+    "tool_events",
+    "snapshots",
+    "boundaries",
+    "spills",
+    "cache_breaks",
+    "run_spans",
+)
+
+_V1 = """
+CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);
+CREATE TABLE sessions (
+    id text PRIMARY KEY, created double precision NOT NULL, kind text NOT NULL,
+    entry text NOT NULL, task text NOT NULL, source text, definition text);
+CREATE INDEX sessions_created ON sessions (created);
+CREATE TABLE session_events (
+    id bigserial PRIMARY KEY, session_id text NOT NULL REFERENCES sessions (id),
+    status text NOT NULL, output text, error text, created double precision NOT NULL);
+CREATE INDEX session_events_session ON session_events (session_id, id);
+CREATE TABLE leases (
+    session_id text PRIMARY KEY, owner text NOT NULL, host text NOT NULL, pid integer NOT NULL,
+    expires double precision NOT NULL, epoch bigint NOT NULL DEFAULT 1);
+CREATE TABLE runs (
+    id text PRIMARY KEY, session_id text NOT NULL REFERENCES sessions (id),
+    parent_run_id text, parent_call_id text, task_id text, agent_name text NOT NULL,
+    model text NOT NULL, depth integer NOT NULL, mode text NOT NULL,
+    created double precision NOT NULL, ord bigserial NOT NULL);
+CREATE INDEX runs_session ON runs (session_id, created, ord);
+CREATE INDEX runs_parent ON runs (parent_run_id, parent_call_id);
+-- a run's status is its latest row here ('running' again once a conversation continues)
+CREATE TABLE run_ends (
+    id bigserial PRIMARY KEY, run_id text NOT NULL REFERENCES runs (id), status text NOT NULL,
+    output text, error text, finished double precision NOT NULL);
+CREATE INDEX run_ends_run ON run_ends (run_id, id);
+CREATE TABLE messages (
+    id bigserial PRIMARY KEY, run_id text NOT NULL REFERENCES runs (id), seq integer NOT NULL,
+    role text NOT NULL, content text NOT NULL, kind text NOT NULL,
+    created double precision NOT NULL, UNIQUE (run_id, seq));
+CREATE TABLE calls (
+    id bigserial PRIMARY KEY, run_id text NOT NULL REFERENCES runs (id), turn integer NOT NULL,
+    attempt integer NOT NULL, fingerprint text NOT NULL, message_count integer NOT NULL,
+    created double precision NOT NULL, snapshot_version integer, compactions integer);
+CREATE INDEX calls_run_turn ON calls (run_id, turn, id);
+CREATE TABLE call_outcomes (
+    id bigserial PRIMARY KEY, call_id bigint NOT NULL UNIQUE REFERENCES calls (id),
+    status text NOT NULL, error_type text, error text, response_id text, model text,
+    stop_reason text, usage text, message_seq integer, created double precision NOT NULL);
+CREATE TABLE tool_events (
+    id bigserial PRIMARY KEY, run_id text NOT NULL, call_id text NOT NULL, name text NOT NULL,
+    event text NOT NULL, content text, is_error boolean NOT NULL DEFAULT false,
+    created double precision NOT NULL);
+CREATE INDEX tool_events_run_call ON tool_events (run_id, call_id);
+CREATE TABLE snapshots (
+    id bigserial PRIMARY KEY, run_id text NOT NULL, version integer NOT NULL,
+    reason text NOT NULL, system text NOT NULL, tools text NOT NULL,
+    created double precision NOT NULL, UNIQUE (run_id, version));
+CREATE TABLE boundaries (
+    id bigserial PRIMARY KEY, run_id text NOT NULL, kind text NOT NULL, prefix text NOT NULL,
+    ranges text NOT NULL, strategy text, trigger text, tokens_before integer,
+    tokens_after integer, messages_before integer, messages_after integer, summary text,
+    model text, duration double precision, status text NOT NULL, error text, extra text,
+    created double precision NOT NULL);
+CREATE INDEX boundaries_run ON boundaries (run_id, id);
+CREATE TABLE spills (
+    handle text PRIMARY KEY, run_id text NOT NULL, call_id text NOT NULL, content text NOT NULL,
+    created double precision NOT NULL);
+CREATE INDEX spills_run ON spills (run_id);
+CREATE TABLE cache_breaks (
+    id bigserial PRIMARY KEY, run_id text NOT NULL, call_id bigint NOT NULL, cause text NOT NULL,
+    expected_read integer NOT NULL, actual_read integer NOT NULL,
+    created double precision NOT NULL);
+CREATE INDEX cache_breaks_run ON cache_breaks (run_id);
+CREATE TABLE run_spans (
+    id bigserial PRIMARY KEY, session_id text NOT NULL, run_id text NOT NULL,
+    trace_id text NOT NULL, span_id text NOT NULL, created double precision NOT NULL);
+CREATE INDEX run_spans_run ON run_spans (run_id, id);
+CREATE TABLE workers (
+    executor_id text PRIMARY KEY, host text NOT NULL, pid integer NOT NULL, queue text NOT NULL,
+    started double precision NOT NULL, heartbeat double precision NOT NULL,
+    recovered_by text);
+
+CREATE FUNCTION refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'anabranch: table % is append-only (% refused)', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'integrity_constraint_violation';
+END $$;
+
+-- the searchable text of a message's content blocks (text, tool results, tool calls)
+CREATE FUNCTION message_text(content text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    blocks jsonb;
+BEGIN
+    BEGIN
+        blocks := content::jsonb;
+    EXCEPTION WHEN others THEN
+        RETURN content;
+    END;
+    IF jsonb_typeof(blocks) <> 'array' THEN
+        RETURN content;
+    END IF;
+    RETURN coalesce((
+        SELECT string_agg(coalesce(
+            b ->> 'text', b ->> 'content', (b ->> 'name') || ' ' || (b ->> 'input')), E'\\n')
+        FROM jsonb_array_elements(blocks) AS b), '');
+END $$;
+
+CREATE INDEX messages_search ON messages
+    USING gin (to_tsvector('simple'::regconfig, message_text(content)))
+    WHERE kind = 'message';
+CREATE INDEX spills_search ON spills USING gin (to_tsvector('simple'::regconfig, content));
+"""
+
+
+def _append_only_triggers() -> str:
+    return "\n".join(
+        f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {table} "
+        "FOR EACH STATEMENT EXECUTE FUNCTION refuse_change();"
+        for table in APPEND_ONLY
+    )
+
+
+MIGRATIONS: list[str] = [_V1 + _append_only_triggers()]
+"""One script per schema version; each runs in one transaction with the previous ones."""
+SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,649 @@
+"""``PostgresStore``: the write-ahead store on one PostgreSQL database.
+
+Invariants (the same as the SQLite store's, across processes and hosts):
+- Every write is atomic, shielded from cancellation, and returns once committed.
+- Group commit on one writer connection (see ``_connection``).
+- Leases use the database's clock, so hosts with skewed clocks agree on expiry.
+- Fencing: once another process has taken over a session this store held a lease on,
+  every further write of this store for that session raises ``LeaseLostError`` and
+  commits nothing. The check runs in the write's transaction under a share lock on the
+  lease row, so a takeover cannot slip in between check and commit.
+- Opening never writes to a database whose ``anabranch`` schema is not ours or newer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
+
+from anabranch._process import pid_alive
+from anabranch.errors import DatabaseError, LeaseLostError, SessionBusyError
+from anabranch.store._dsn import redact_dsn
+from anabranch.store.postgres._connection import Batch, Conn, Connections, connect
+from anabranch.store.postgres._reads import Reads
+from anabranch.store.postgres._schema import APP_ID, MIGRATIONS, SCHEMA, SCHEMA_VERSION
+from anabranch.store._records import (
+    BoundaryRecord,
+    CallRecord,
+    MessageRecord,
+    RunRecord,
+    RunStatus,
+    SessionRecord,
+    SnapshotRecord,
+    ToolEventRecord,
+)
+
+__all__ = ["PostgresStore", "WorkerRegistry"]
+
+T = TypeVar("T")
+_NOW = "extract(epoch from clock_timestamp())"
+
+
+def _insert(conn: Conn, table: str, values: dict[str, Any], returning: str = "") -> Any:
+    columns = ", ".join(values)
+    marks = ", ".join(f"%({name})s" for name in values)
+    sql = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
+    if returning:
+        row = conn.execute(f"{sql} RETURNING {returning}", values).fetchone()
+        return row[returning] if row else None
+    conn.execute(sql, values)
+    return None
+
+
+def _message_values(message: MessageRecord) -> dict[str, Any]:
+    return {
+        "run_id": message.run_id,
+        "seq": message.seq,
+        "role": message.role,
+        "content": message.content,
+        "kind": message.kind,
+        "created": message.created or time.time(),
+    }
+
+
+def _tool_event_values(event: ToolEventRecord) -> dict[str, Any]:
+    return {
+        "run_id": event.run_id,
+        "call_id": event.call_id,
+        "name": event.name,
+        "event": event.event,
+        "content": event.content,
+        "is_error": event.is_error,
+        "created": event.created,
+    }
+
+
+def _snapshot_values(snapshot: SnapshotRecord) -> dict[str, Any]:
+    return {
+        "run_id": snapshot.run_id,
+        "version": snapshot.version,
+        "reason": snapshot.reason,
+        "system": snapshot.system,
+        "tools": snapshot.tools,
+        "created": snapshot.created,
+    }
+
+
+class PostgresStore(Reads):
+    """Async store over one PostgreSQL database (schema ``anabranch``).
+
+    Open with ``await PostgresStore.open("postgresql://user@host/db")``. The DSN's password
+    is never shown: ``repr`` and every error use ``redact_dsn``.
+    """
+
+    def __init__(self, dsn: str, connections: Connections) -> None:
+        super().__init__(connections)
+        self.url = redact_dsn(dsn)
+        """The DSN without its password: safe to print."""
+        self._held: dict[str, str] = {}
+        """Sessions this store holds a lease on, and the owner it took them for."""
+        self._lost: set[str] = set()
+        """Sessions another process took over from this store: writes for them are refused."""
+        self._run_sessions: dict[str, str] = {}
+        self._call_runs: dict[int, str] = {}
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.url!r})"
+
+    # ----------------------------------------------------------------- lifecycle
+    @classmethod
+    async def open(cls, dsn: str, *, create: bool = True) -> PostgresStore:
+        """Open (and with ``create``, create or migrate) the anabranch schema of a database.
+
+        Raises:
+            DatabaseError: cannot connect, no schema (and ``create`` is false), a schema
+                that is not anabranch's, or a newer one. Nothing is written in those cases.
+        """
+        import anyio.to_thread
+
+        def open_connections() -> Connections:
+            writer = connect(dsn)
+            try:
+                _migrate(writer, create, redact_dsn(dsn))
+                reader = connect(dsn)
+            except BaseException:
+                writer.close()
+                raise
+            return Connections(dsn, writer, reader)
+
+        return cls(dsn, await anyio.to_thread.run_sync(open_connections))
+
+    async def close(self) -> None:
+        await self._connections.close()
+
+    async def __aenter__(self) -> PostgresStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ----------------------------------------------------------------- fencing
+    def _session_of(self, conn: Conn, *, run: str | None, call: int | None) -> str | None:
+        if call is not None and run is None:
+            run = self._call_runs.get(call)
+            if run is None:
+                row = conn.execute("SELECT run_id FROM calls WHERE id = %s", (call,)).fetchone()
+                run = row["run_id"] if row else None
+        if run is None:
+            return None
+        session = self._run_sessions.get(run)
+        if session is None:
+            row = conn.execute("SELECT session_id FROM runs WHERE id = %s", (run,)).fetchone()
+            session = row["session_id"] if row else None
+            if session is not None:
+                self._run_sessions[run] = session
+        return session
+
+    def _check_fence(self, conn: Conn, batch: Batch, session: str) -> None:
+        if session in self._lost:
+            raise LeaseLostError(session, "this store")
+        owner = self._held.get(session)
+        if owner is None:
+            return
+        key = ("lease", session)
+        if key not in batch.memo:
+            row = conn.execute(
+                "SELECT owner FROM leases WHERE session_id = %s FOR SHARE", (session,)
+            ).fetchone()
+            batch.memo[key] = row["owner"] if row else None
+        if batch.memo[key] not in (owner, None):
+            self._held.pop(session, None)
+            self._lost.add(session)
+            raise LeaseLostError(session, owner)
+
+    async def _write(
+        self,
+        fn: Callable[[Conn], T],
+        *,
+        session: str | None = None,
+        run: str | None = None,
+        call: int | None = None,
+    ) -> T:
+        """Commit ``fn`` unless the session it writes to was taken over from this store."""
+
+        def fenced(conn: Conn, batch: Batch) -> T:
+            if self._held or self._lost:
+                target = session or self._session_of(conn, run=run, call=call)
+                if target is not None:
+                    self._check_fence(conn, batch, target)
+            return fn(conn)
+
+        return await self._connections.write(fenced)
+
+    # ----------------------------------------------------------------- sessions
+    async def create_session(self, session: SessionRecord) -> None:
+        values = {
+            "id": session.id,
+            "created": session.created,
+            "kind": session.kind,
+            "entry": session.entry,
+            "task": session.task,
+            "source": session.source,
+            "definition": session.definition,
+        }
+        event = {"session_id": session.id, "status": "running", "created": session.created}
+
+        def write(conn: Conn) -> None:
+            _insert(conn, "sessions", values)
+            _insert(conn, "session_events", event)
+
+        await self._write(write, session=session.id)
+
+    async def set_session_status(
+        self,
+        session_id: str,
+        status: RunStatus,
+        *,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        values = {
+            "session_id": session_id,
+            "status": status,
+            "output": output,
+            "error": error,
+            "created": time.time(),
+        }
+        await self._write(lambda conn: _insert(conn, "session_events", values), session=session_id)
+
+    # ----------------------------------------------------------------- leases
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
+        """Take the session's lease, or raise ``SessionBusyError`` if a live owner has it."""
+        host, pid = socket.gethostname(), os.getpid()
+
+        def write(conn: Conn) -> None:
+            row = conn.execute(
+                f"SELECT owner, host, pid, expires, {_NOW} AS now FROM leases "
+                "WHERE session_id = %s FOR UPDATE",
+                (session_id,),
+            ).fetchone()
+            values = {"session_id": session_id, "owner": owner, "host": host, "pid": pid,
+                      "ttl": ttl}
+            if row is None:
+                conn.execute(
+                    "INSERT INTO leases (session_id, owner, host, pid, expires) VALUES "
+                    f"(%(session_id)s, %(owner)s, %(host)s, %(pid)s, {_NOW} + %(ttl)s)",
+                    values,
+                )
+                return
+            if row["owner"] != owner:
+                dead = row["host"] == host and row["pid"] != pid and not pid_alive(row["pid"])
+                if row["expires"] > row["now"] and not dead:
+                    raise SessionBusyError(session_id, f"{row['owner']} on {row['host']}")
+            conn.execute(
+                "UPDATE leases SET owner = %(owner)s, host = %(host)s, pid = %(pid)s, "
+                f"expires = {_NOW} + %(ttl)s, epoch = epoch + 1 WHERE session_id = %(session_id)s",
+                values,
+            )
+
+        await self._connections.write(lambda conn, _batch: write(conn))
+        self._held[session_id] = owner
+        self._lost.discard(session_id)
+
+    async def renew_lease(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Extend the lease; False if ``owner`` no longer holds it (another process took
+        it over after it expired)."""
+
+        def write(conn: Conn) -> bool:
+            cursor = conn.execute(
+                f"UPDATE leases SET expires = {_NOW} + %s WHERE session_id = %s AND owner = %s",
+                (ttl, session_id, owner),
+            )
+            return cursor.rowcount > 0
+
+        renewed = await self._connections.write(lambda conn, _batch: write(conn))
+        if not renewed and self._held.get(session_id) == owner:
+            self._held.pop(session_id, None)
+            self._lost.add(session_id)
+        return renewed
+
+    async def release_lease(self, session_id: str, owner: str) -> None:
+        """Give the lease up. The row stays (expired) and keeps its owner, so a process
+        that stalled past its lease is still recognised as fenced afterwards."""
+
+        def write(conn: Conn) -> bool:
+            cursor = conn.execute(
+                "UPDATE leases SET expires = 0 WHERE session_id = %s AND owner = %s",
+                (session_id, owner),
+            )
+            return cursor.rowcount > 0
+
+        released = await self._connections.write(lambda conn, _batch: write(conn))
+        if self._held.get(session_id) == owner:
+            del self._held[session_id]
+            if not released:
+                self._lost.add(session_id)
+
+    async def lease_holder(self, session_id: str) -> str | None:
+        """The live owner of the session's lease, if any."""
+        row = await self._one(
+            f"SELECT owner, host, pid, expires > {_NOW} AS live FROM leases "
+            "WHERE session_id = %s",
+            (session_id,),
+        )
+        if row is None or not row["live"]:
+            return None
+        if row["host"] == socket.gethostname() and not pid_alive(row["pid"]):
+            return None
+        return str(row["owner"])
+
+    # ----------------------------------------------------------------- runs
+    async def create_run(
+        self,
+        run: RunRecord,
+        *,
+        snapshot: SnapshotRecord | None = None,
+        messages: Sequence[MessageRecord] = (),
+    ) -> None:
+        """Commit a new run with its first prompt snapshot and messages in one transaction,
+        so a crash never leaves a run without its task."""
+        values = {
+            "id": run.id,
+            "session_id": run.session_id,
+            "parent_run_id": run.parent_run_id,
+            "parent_call_id": run.parent_call_id,
+            "task_id": run.task_id,
+            "agent_name": run.agent_name,
+            "model": run.model,
+            "depth": run.depth,
+            "mode": run.mode,
+            "created": run.created,
+        }
+        snapshot_values = _snapshot_values(snapshot) if snapshot else None
+        message_values = [_message_values(m) for m in messages]
+
+        def write(conn: Conn) -> None:
+            _insert(conn, "runs", values)
+            if snapshot_values:
+                _insert(conn, "snapshots", snapshot_values)
+            self._insert_messages(conn, message_values)
+
+        await self._write(write, session=run.session_id)
+        self._run_sessions[run.id] = run.session_id
+
+    async def finish_run(
+        self, run_id: str, status: RunStatus, *, output: str | None = None, error: str | None = None
+    ) -> None:
+        values = {
+            "run_id": run_id,
+            "status": status,
+            "output": output,
+            "error": error,
+            "finished": time.time(),
+        }
+        await self._write(lambda conn: _insert(conn, "run_ends", values), run=run_id)
+
+    # ----------------------------------------------------------------- messages & calls
+    @staticmethod
+    def _insert_messages(conn: Conn, values: list[dict[str, Any]]) -> None:
+        if not values:
+            return
+        with conn.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO messages (run_id, seq, role, content, kind, created) VALUES "
+                "(%(run_id)s, %(seq)s, %(role)s, %(content)s, %(kind)s, %(created)s)",
+                values,
+            )
+
+    async def append_messages(self, messages: Sequence[MessageRecord]) -> None:
+        """Commit messages in one transaction."""
+        values = [_message_values(m) for m in messages]
+        if values:
+            await self._write(
+                lambda conn: self._insert_messages(conn, values), run=values[0]["run_id"]
+            )
+
+    async def continue_run(self, run_id: str, messages: Sequence[MessageRecord]) -> None:
+        """Reopen a finished run (a ``running`` row after its end: history stays) and
+        append ``messages`` to it, in one transaction."""
+        values = [_message_values(m) for m in messages]
+        reopened = {"run_id": run_id, "status": "running", "finished": time.time()}
+
+        def write(conn: Conn) -> None:
+            _insert(conn, "run_ends", reopened)
+            self._insert_messages(conn, values)
+
+        await self._write(write, run=run_id)
+
+    async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
+        """Commit pending messages and the call row together, before the request is sent."""
+        values = [_message_values(m) for m in messages]
+        call_values = {
+            "run_id": call.run_id,
+            "turn": call.turn,
+            "attempt": call.attempt,
+            "fingerprint": call.fingerprint,
+            "message_count": call.message_count,
+            "created": call.created,
+            "snapshot_version": call.snapshot_version,
+            "compactions": call.compactions,
+        }
+
+        def write(conn: Conn) -> int:
+            self._insert_messages(conn, values)
+            return int(_insert(conn, "calls", call_values, returning="id"))
+
+        call_id = await self._write(write, run=call.run_id)
+        self._call_runs[call_id] = call.run_id
+        return call_id
+
+    async def finish_call(
+        self,
+        call_id: int,
+        *,
+        status: Literal["ok", "error", "interrupted"],
+        message: MessageRecord | None = None,
+        error_type: str | None = None,
+        error: str | None = None,
+        response_id: str | None = None,
+        model: str | None = None,
+        stop_reason: str | None = None,
+        usage: str | None = None,
+        tool_events: Sequence[ToolEventRecord] = (),
+    ) -> None:
+        """Commit the call's outcome (and the assistant message, and the ``started`` events
+        of the tool calls it asks for) in one transaction."""
+        message_values = [_message_values(message)] if message else []
+        events = [_tool_event_values(e) for e in tool_events]
+        outcome = {
+            "call_id": call_id,
+            "status": status,
+            "error_type": error_type,
+            "error": error,
+            "response_id": response_id,
+            "model": model,
+            "stop_reason": stop_reason,
+            "usage": usage,
+            "message_seq": message.seq if message else None,
+            "created": time.time(),
+        }
+
+        def write(conn: Conn) -> None:
+            self._insert_messages(conn, message_values)
+            _insert(conn, "call_outcomes", outcome)
+            for event in events:
+                _insert(conn, "tool_events", event)
+
+        await self._write(write, call=call_id)
+        self._call_runs.pop(call_id, None)
+
+    async def close_interrupted_calls(self, run_id: str) -> list[CallRecord]:
+        """Record an ``interrupted`` outcome for every call of the run still in flight.
+
+        Only the lease holder calls this on resume: no other process can have a call of
+        this run in flight, so these are calls a crash cut off. Returns them.
+        """
+
+        def write(conn: Conn) -> list[CallRecord]:
+            rows = conn.execute(
+                self._CALL_SQL + " WHERE c.run_id = %s AND o.id IS NULL ORDER BY c.id", (run_id,)
+            ).fetchall()
+            now = time.time()
+            for row in rows:
+                _insert(
+                    conn,
+                    "call_outcomes",
+                    {
+                        "call_id": row["id"],
+                        "status": "interrupted",
+                        "error": "the process stopped before the response was committed",
+                        "created": now,
+                    },
+                )
+            return [CallRecord(**row) for row in rows]
+
+        return await self._write(write, run=run_id)
+
+    # ----------------------------------------------------------------- tools, snapshots
+    async def record_tool_event(self, event: ToolEventRecord) -> None:
+        values = _tool_event_values(event)
+        await self._write(lambda conn: _insert(conn, "tool_events", values), run=event.run_id)
+
+    async def save_snapshot(self, snapshot: SnapshotRecord) -> None:
+        values = _snapshot_values(snapshot)
+        await self._write(lambda conn: _insert(conn, "snapshots", values), run=snapshot.run_id)
+
+    async def add_boundary(
+        self, boundary: BoundaryRecord, messages: Sequence[MessageRecord] = ()
+    ) -> int:
+        """Commit a boundary (and any messages that belong with it) atomically."""
+        values = {
+            name: getattr(boundary, name)
+            for name in BoundaryRecord.__dataclass_fields__
+            if name not in ("id", "details")
+        }
+        message_values = [_message_values(m) for m in messages]
+
+        def write(conn: Conn) -> int:
+            self._insert_messages(conn, message_values)
+            return int(_insert(conn, "boundaries", values, returning="id"))
+
+        return await self._write(write, run=boundary.run_id)
+
+    async def save_spill(self, handle: str, run_id: str, call_id: str, content: str) -> None:
+        values = {
+            "handle": handle,
+            "run_id": run_id,
+            "call_id": call_id,
+            "content": content,
+            "created": time.time(),
+        }
+        await self._write(
+            lambda conn: conn.execute(
+                "INSERT INTO spills (handle, run_id, call_id, content, created) VALUES "
+                "(%(handle)s, %(run_id)s, %(call_id)s, %(content)s, %(created)s) "
+                "ON CONFLICT (handle) DO NOTHING",
+                values,
+            ),
+            run=run_id,
+        )
+
+    async def add_cache_break(
+        self, run_id: str, call_id: int, cause: str, expected_read: int, actual_read: int
+    ) -> None:
+        values = {
+            "run_id": run_id,
+            "call_id": call_id,
+            "cause": cause,
+            "expected_read": expected_read,
+            "actual_read": actual_read,
+            "created": time.time(),
+        }
+        await self._write(lambda conn: _insert(conn, "cache_breaks", values), run=run_id)
+
+    async def add_run_span(self, session_id: str, run_id: str, trace_id: str, span_id: str) -> None:
+        """Remember the (hex) trace and span id of one drive of a run (for a graph's own
+        span, ``run_id`` is the session id)."""
+        values = {
+            "session_id": session_id,
+            "run_id": run_id,
+            "trace_id": trace_id,
+            "span_id": span_id,
+            "created": time.time(),
+        }
+        await self._write(lambda conn: _insert(conn, "run_spans", values), session=session_id)
+
+
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+def _migrate(conn: Conn, create: bool, where: str) -> None:
+    """Check the ``anabranch`` schema and bring it to ``SCHEMA_VERSION`` (one transaction,
+    serialised across processes by an advisory lock)."""
+    assert _SCHEMA_NAME.match(SCHEMA)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('anabranch.migrate'))")
+        exists = conn.execute(
+            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (SCHEMA,)
+        ).fetchone()
+        version = 0
+        if exists:
+            has_meta = conn.execute(
+                "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'meta'", (SCHEMA,)
+            ).fetchone()
+            meta = (
+                {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM meta")}
+                if has_meta
+                else {}
+            )
+            if meta.get("app") != APP_ID:
+                raise DatabaseError(f"schema {SCHEMA} in {where} is not an anabranch store")
+            version = int(meta.get("schema_version", "0"))
+            if version > SCHEMA_VERSION:
+                raise DatabaseError(
+                    f"{where} has anabranch schema version {version}, newer than this "
+                    f"anabranch understands ({SCHEMA_VERSION}); upgrade anabranch"
+                )
+        elif not create:
+            raise DatabaseError(f"no anabranch store in {where}")
+        if version == SCHEMA_VERSION:
+            return
+        if not create:
+            raise DatabaseError(f"{where} needs a schema migration: open it with create=True")
+        if not exists:
+            conn.execute(f"CREATE SCHEMA {SCHEMA}")
+        for script in MIGRATIONS[version:]:
+            conn.execute(script)
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('app', %s), ('schema_version', %s) "
+            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+            (APP_ID, str(SCHEMA_VERSION)),
+        )
+
+
+class WorkerRegistry:
+    """Heartbeats of worker processes (``workers`` table), for failover of dead ones."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    async def beat(self, executor_id: str, queue: str, *, stopping: bool = False) -> None:
+        """Record that ``executor_id`` is alive (or, ``stopping``, that it just stopped:
+        its sessions can be recovered at once)."""
+        values = {
+            "executor_id": executor_id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "queue": queue,
+            "started": time.time(),
+        }
+        beat = "0" if stopping else _NOW
+
+        def write(conn: Conn) -> None:
+            conn.execute(
+                "INSERT INTO workers (executor_id, host, pid, queue, started, heartbeat) VALUES "
+                f"(%(executor_id)s, %(host)s, %(pid)s, %(queue)s, %(started)s, {beat}) "
+                "ON CONFLICT (executor_id) DO UPDATE SET host = EXCLUDED.host, "
+                "pid = EXCLUDED.pid, queue = EXCLUDED.queue, heartbeat = EXCLUDED.heartbeat, "
+                "recovered_by = NULL",
+                values,
+            )
+
+        await self._store._connections.write(lambda conn, _batch: write(conn))
+
+    async def dead(self, me: str, dead_after: float) -> list[str]:
+        """Executors other than ``me`` whose heartbeat is older than ``dead_after`` seconds
+        and whose sessions no live worker has recovered yet."""
+        rows = await self._store._all(
+            "SELECT executor_id FROM workers WHERE executor_id <> %s AND recovered_by IS NULL "
+            f"AND heartbeat < {_NOW} - %s ORDER BY heartbeat",
+            (me, dead_after),
+        )
+        return [str(row["executor_id"]) for row in rows]
+
+    async def mark_recovered(self, executor_id: str, by: str, dead_after: float) -> None:
+        """Every pending session of ``executor_id`` went back to its queue (unless it came
+        back to life meanwhile)."""
+
+        def write(conn: Conn) -> None:
+            conn.execute(
+                "UPDATE workers SET recovered_by = %s WHERE executor_id = %s "
+                f"AND heartbeat < {_NOW} - %s",
+                (by, executor_id, dead_after),
+            )
+
+        await self._store._connections.write(lambda conn, _batch: write(conn))
