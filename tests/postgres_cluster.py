@@ -120,7 +120,9 @@ def start_cluster(*, durable: bool = False) -> Iterator[Cluster]:
         pwfile.unlink()
         options = (
             f"-c listen_addresses=127.0.0.1 -p {port} -k {sockets} "
-            "-c max_connections=200 -c shared_buffers=64MB"
+            "-c max_connections=200 -c shared_buffers=64MB "
+            # the conformance suite counts committed transactions where the server sees them
+            "-c shared_preload_libraries=pg_stat_statements"
         )
         if not durable:
             options += " -c fsync=off -c full_page_writes=off"

@@ -88,14 +88,25 @@ async def sqlite_backend(tmp_path: Path) -> AsyncIterator[Backend]:
 
 BackendFactory = Callable[[Path], AbstractAsyncContextManager[Backend]]
 
+def _postgres(tmp_path: Path) -> AbstractAsyncContextManager[Backend]:
+    from tests.store_conformance._postgres import postgres_backend
+
+    return postgres_backend(tmp_path)
+
+
 BACKENDS = [
     pytest.param(sqlite_backend, id="sqlite"),
+    pytest.param(_postgres, id="postgres"),
 ]
 
 
 @pytest.fixture(params=BACKENDS)
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
     factory: BackendFactory = request.param
+    if factory is _postgres:  # a fresh database on the session's cluster
+        from tests.store_conformance import _postgres as postgres
+
+        postgres._cluster[:] = [request.getfixturevalue("postgres_cluster")]
     async with factory(tmp_path) as opened:
         yield opened
 

@@ -60,7 +60,7 @@ async def submit(
     return session_id
 
 
-async def wait(rt: Runtime, session_id: str, timeout: float | None) -> RunResult:
+async def wait(rt: Runtime, session_id: str, timeout: float | None) -> RunResult:  # noqa: ASYNC109
     delay = POLL_FIRST
     session: SessionRecord | None = None
     with anyio.move_on_after(timeout):

@@ -24,6 +24,7 @@ from anabranch.messages import Document, Image, Usage
 from anabranch.models._anthropic import AnthropicModel
 from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
+from anabranch.runtime import _queued
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.runtime._compactor import CompactingPipeline
 from anabranch.runtime._environment import Environment
@@ -39,7 +40,6 @@ from anabranch.runtime._graph import (
 from anabranch.runtime._loader import load_object
 from anabranch.runtime._loop import AgentRun, new_id
 from anabranch.runtime._memory import ForgetTool, LogTool, RememberTool, memory_session_start
-from anabranch.runtime import _queued
 from anabranch.runtime._pipeline import ContextPipeline
 from anabranch.runtime._recall import RecallTool
 from anabranch.runtime._results import GraphResult, RunResult, build_result, session_usage

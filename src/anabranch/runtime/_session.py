@@ -145,7 +145,9 @@ class SessionDriver:
                     with anyio.CancelScope(shield=True):
                         await store.set_session_status(session_id, "cancelled", error="cancelled")
                 raise
-            if lease_lost:  # another process owns the session now: write nothing more
+            if lease_lost or isinstance(end and end.cause, LeaseLostError):
+                # another process owns the session now (a renewal or a fenced write found
+                # out): write nothing more
                 raise LeaseLostError(session_id, self.owner)
             assert end is not None
             await self.record(session_id, end)

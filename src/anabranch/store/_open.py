@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+
 from anabranch.errors import DatabaseError
 from anabranch.store._dsn import is_postgres_url, redact_dsn
 from anabranch.store._protocol import Store

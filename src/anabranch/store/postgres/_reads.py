@@ -6,8 +6,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from anabranch.store.postgres._connection import Conn, Connections
-from anabranch.store.postgres._schema import TEXT_SEARCH_CONFIG
 from anabranch.store._records import (
     BoundaryRecord,
     CallRecord,
@@ -19,6 +17,8 @@ from anabranch.store._records import (
     SpillRecord,
     ToolEventRecord,
 )
+from anabranch.store.postgres._connection import Conn, Connections
+from anabranch.store.postgres._schema import TEXT_SEARCH_CONFIG
 
 __all__ = ["Reads"]
 

@@ -23,9 +23,6 @@ from typing import Any, Literal, TypeVar
 from anabranch._process import pid_alive
 from anabranch.errors import DatabaseError, LeaseLostError, SessionBusyError
 from anabranch.store._dsn import redact_dsn
-from anabranch.store.postgres._connection import Batch, Conn, Connections, connect
-from anabranch.store.postgres._reads import Reads
-from anabranch.store.postgres._schema import APP_ID, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from anabranch.store._records import (
     BoundaryRecord,
     CallRecord,
@@ -36,6 +33,9 @@ from anabranch.store._records import (
     SnapshotRecord,
     ToolEventRecord,
 )
+from anabranch.store.postgres._connection import Batch, Conn, Connections, connect
+from anabranch.store.postgres._reads import Reads
+from anabranch.store.postgres._schema import APP_ID, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 
 __all__ = ["PostgresStore", "WorkerRegistry"]
 
