@@ -23,7 +23,7 @@ def rows(db: Db, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]
 
     with psycopg.connect(str(db), autocommit=True) as conn:
         conn.execute("SET search_path TO anabranch")
-        cursor = conn.execute(sql.replace("?", "%s"), params)  # type: ignore[arg-type]
+        cursor = conn.execute(sql.replace("?", "%s"), params)
         return cursor.fetchall() if cursor.description else []
 
 

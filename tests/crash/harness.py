@@ -257,7 +257,7 @@ def _session_in(chain: Chain) -> str | None:
 class _Row(dict[str, Any]):
     """A row read by key or by position, like ``sqlite3.Row``."""
 
-    def __getitem__(self, key: str | int) -> Any:  # type: ignore[override]
+    def __getitem__(self, key: str | int) -> Any:
         if isinstance(key, int):
             return list(self.values())[key]
         return super().__getitem__(key)
@@ -275,7 +275,7 @@ class _PostgresReader:
         self.row_factory: Any = None
 
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> _Rows:
-        return _Rows(self.conn.execute(sql.replace("?", "%s"), params))  # type: ignore[arg-type]
+        return _Rows(self.conn.execute(sql.replace("?", "%s"), params))
 
     def close(self) -> None:
         self.conn.close()

@@ -9,6 +9,9 @@ from typing import Any
 
 from anabranch.runtime._runtime import DEFAULT_DB
 
+OFFLINE_MODEL = "OFFLINE_MODEL"
+"""A module-level name a definition file may bind to the model ``--offline`` should use."""
+
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 

@@ -16,7 +16,7 @@ import pydantic
 
 from anabranch.agents import Agent, Graph
 from anabranch.cli import _compaction, _memory, _ui, _workers
-from anabranch.cli._common import CliError, Handler, add_command
+from anabranch.cli._common import OFFLINE_MODEL, CliError, Handler, add_command
 from anabranch.cli._limits import declared_windows, window_labels
 from anabranch.cli._progress import add_progress_arguments, event_printer
 from anabranch.cli._tracing import add_trace_arguments, configure_from_args
@@ -34,8 +34,6 @@ from anabranch.testing import _command as _testing
 __all__ = ["main"]
 
 
-OFFLINE_MODEL = "OFFLINE_MODEL"
-"""A module-level name a definition file may bind to the model ``--offline`` should use."""
 
 
 def _model(args: argparse.Namespace, source: str | None = None) -> Model | None:

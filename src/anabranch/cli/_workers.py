@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from anabranch.agents import Agent, Graph
-from anabranch.cli._common import CliError, add_command
+from anabranch.cli._common import OFFLINE_MODEL, CliError, add_command
 from anabranch.errors import UserError
 from anabranch.runtime._loader import load_module, split_reference
 from anabranch.runtime._runtime import Runtime
@@ -53,7 +53,6 @@ def _definitions(files: list[str]) -> tuple[list[Agent], list[Graph]]:
 def _offline_model(files: list[str], offline: bool) -> Any:
     if not offline:
         return None
-    from anabranch.cli._main import OFFLINE_MODEL
     from anabranch.models._base import Model
     from anabranch.testing import TestModel
 

@@ -7,22 +7,48 @@ PostgreSQL; DBOS is imported only when a session is submitted.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
 
 import anyio
 
+from anabranch.agents import Agent, Graph
 from anabranch.errors import SessionNotFoundError, UserError
 from anabranch.runtime._results import RunResult, build_result
-from anabranch.store import SessionRecord, is_postgres_url
-
-if TYPE_CHECKING:
-    from anabranch.agents import Agent
-    from anabranch.runtime._runtime import Runtime
+from anabranch.store import SessionRecord, Store, is_postgres_url
 
 __all__ = ["defines", "submit", "wait"]
 
 POLL_FIRST = 0.05
 POLL_MAX = 1.0
+
+
+class Runtime(Protocol):
+    """What of ``Runtime`` queued sessions use."""
+
+    _db: str
+    db: str
+    _submitter: Any
+    _agents: dict[str, Agent]
+    graphs: dict[str, Graph]
+
+    @property
+    def store(self) -> Store: ...
+
+    def register(self, *definitions: Agent | Graph) -> None: ...
+
+    async def open_session(
+        self,
+        *,
+        kind: Literal["agent", "graph"],
+        entry: str,
+        task: str,
+        source: str | None,
+        outline: dict[str, Any],
+        on_session: Callable[[str], None] | None,
+    ) -> str: ...
+
+    async def resume(self, session_id: str, agent: Agent | None = None) -> RunResult: ...
 
 
 def _postgres_dsn(rt: Runtime, what: str) -> str:
@@ -33,17 +59,20 @@ def _postgres_dsn(rt: Runtime, what: str) -> str:
 
 
 async def submit(
-    rt: Runtime, agent: Agent, task: str, *, queue: str | None, source: str | None
+    rt: Runtime,
+    agent: Agent,
+    task: str,
+    *,
+    queue: str | None,
+    source: str | None,
+    outline: dict[str, Any],
 ) -> str:
-    from anabranch.agents import Agent
-
     if not isinstance(agent, Agent):
         raise UserError(f"submit() needs an Agent, got {type(agent).__name__}")
     if not isinstance(task, str) or not task.strip():
         raise UserError("the task must be a non-empty string")
     dsn = _postgres_dsn(rt, "submit")
     from anabranch.runtime._dispatch import DEFAULT_QUEUE, Submitter
-    from anabranch.runtime._runtime import agent_outline
 
     rt.register(agent)
     session_id = await rt.open_session(
@@ -51,7 +80,7 @@ async def submit(
         entry=agent.name,
         task=task,
         source=source,
-        outline=agent_outline(agent),
+        outline=outline,
         on_session=None,
     )
     if rt._submitter is None:

@@ -445,7 +445,10 @@ class Runtime:
             queue: the DBOS queue (default ``anabranch``); a worker serves one queue.
             source: ``file.py:name`` the agent came from (for ``anabranch resume``).
         """
-        return await _queued.submit(self, agent, task, queue=queue, source=source)
+        outline = agent_outline(agent) if isinstance(agent, Agent) else {}
+        return await _queued.submit(
+            self, agent, task, queue=queue, source=source, outline=outline
+        )
 
     async def wait(
         self,

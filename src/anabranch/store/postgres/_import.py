@@ -18,6 +18,7 @@ from anabranch.errors import DatabaseError
 from anabranch.store._dsn import redact_dsn
 from anabranch.store.postgres._connection import connect
 from anabranch.store.postgres._store import _migrate
+from anabranch.store.sqlite._blobs import hydrate_rows
 
 __all__ = ["import_sqlite"]
 
@@ -35,6 +36,7 @@ TABLES = (
     "spills",
     "cache_breaks",
     "run_spans",
+    "context_limits",
 )
 """In an order that satisfies the foreign keys."""
 BOOLEAN_COLUMNS = {("tool_events", "is_error")}
@@ -110,6 +112,7 @@ def _sqlite_meta(src: sqlite3.Connection, source: Path) -> dict[str, str]:
 
 
 def _copy(src: sqlite3.Connection, conn: Any, table: str) -> int:
+    """Copy one table; image and document payloads the file keeps as blobs go inline."""
     source_columns = [row[1] for row in src.execute(f"PRAGMA table_info({table})")]
     target_columns = {
         row["column_name"]
@@ -120,18 +123,16 @@ def _copy(src: sqlite3.Connection, conn: Any, table: str) -> int:
         )
     }
     columns = [c for c in source_columns if c in target_columns]
-    booleans = [i for i, c in enumerate(columns) if (table, c) in BOOLEAN_COLUMNS]
-    insert = (
-        f"INSERT INTO {table} ({', '.join(columns)}) "
-        f"VALUES ({', '.join('%s' for _ in columns)})"
-    )
-    cursor = src.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY rowid")
+    quoted = ", ".join(f'"{c}"' for c in columns)
+    insert = f"INSERT INTO {table} ({quoted}) VALUES ({', '.join('%s' for _ in columns)})"
+    cursor = src.execute(f"SELECT {quoted} FROM {table} ORDER BY rowid")
     copied = 0
-    while rows := cursor.fetchmany(BATCH):
-        values = [list(row) for row in rows]
-        for row in values:
-            for i in booleans:
-                row[i] = bool(row[i])
+    while batch := cursor.fetchmany(BATCH):
+        rows = hydrate_rows(src, [dict(zip(columns, row, strict=True)) for row in batch])
+        values = [
+            [bool(row[c]) if (table, c) in BOOLEAN_COLUMNS else row[c] for c in columns]
+            for row in rows
+        ]
         with conn.cursor() as out:
             out.executemany(insert, values)
         copied += len(values)

@@ -9,6 +9,7 @@ from typing import Any
 from anabranch.store._records import (
     BoundaryRecord,
     CallRecord,
+    ContextLimitRecord,
     HistoryHit,
     MessageRecord,
     RunRecord,
@@ -120,7 +121,7 @@ class Reads:
     # ----------------------------------------------------------------- calls
     _CALL_SQL = """
         SELECT c.id, c.run_id, c.turn, c.attempt, c.fingerprint, c.message_count, c.created,
-               c.snapshot_version, c.compactions, o.status, o.error_type, o.error,
+               c.snapshot_version, c.compactions, c.settings, o.status, o.error_type, o.error,
                o.response_id, o.model, o.stop_reason, o.usage, o.message_seq,
                o.created AS finished
         FROM calls c LEFT JOIN call_outcomes o ON o.call_id = c.id
@@ -204,7 +205,8 @@ class Reads:
         if not call_ids:
             return []
         rows = await self._all(
-            "SELECT id, run_id, call_id, name, event, content, is_error, created FROM tool_events "
+            "SELECT id, run_id, call_id, name, event, content, is_error, created, attachments "
+            "FROM tool_events "
             "WHERE run_id = %s AND call_id = ANY(%s) ORDER BY id",
             (run_id, list(call_ids)),
         )
@@ -314,6 +316,30 @@ class Reads:
             ) hits ORDER BY rank DESC LIMIT %s
         """
         return await self._all(sql, (*words, _HEADLINE, run_id, _HEADLINE, run_id, limit))
+
+    # ----------------------------------------------------------------- context limits
+    _LIMIT_SQL = (
+        'SELECT model, channel, maximum, ratio, "window", source, created, run_id '
+        "FROM context_limits"
+    )
+
+    async def context_limit(self, model: str, channel: str) -> ContextLimitRecord | None:
+        """The latest limit taught for ``model`` on ``channel`` (rows without a run)."""
+        row = await self._one(
+            self._LIMIT_SQL + " WHERE model = %s AND channel = %s AND run_id IS NULL "
+            "ORDER BY id DESC LIMIT 1",
+            (model, channel),
+        )
+        return ContextLimitRecord(**row) if row else None
+
+    async def run_context_limits(self, session_id: str) -> list[ContextLimitRecord]:
+        """The limits the session's runs started with or learned, oldest first."""
+        rows = await self._all(
+            self._LIMIT_SQL + " WHERE run_id IN (SELECT id FROM runs WHERE session_id = %s) "
+            "ORDER BY id",
+            (session_id,),
+        )
+        return [ContextLimitRecord(**row) for row in rows]
 
     # ----------------------------------------------------------------- cache breaks, spans
     async def list_cache_breaks(self, session_id: str) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ APPEND_ONLY = (
     "spills",
     "cache_breaks",
     "run_spans",
+    "context_limits",
 )
 
 _V1 = """
@@ -64,7 +65,8 @@ CREATE TABLE messages (
 CREATE TABLE calls (
     id bigserial PRIMARY KEY, run_id text NOT NULL REFERENCES runs (id), turn integer NOT NULL,
     attempt integer NOT NULL, fingerprint text NOT NULL, message_count integer NOT NULL,
-    created double precision NOT NULL, snapshot_version integer, compactions integer);
+    created double precision NOT NULL, snapshot_version integer, compactions integer,
+    settings text);
 CREATE INDEX calls_run_turn ON calls (run_id, turn, id);
 CREATE TABLE call_outcomes (
     id bigserial PRIMARY KEY, call_id bigint NOT NULL UNIQUE REFERENCES calls (id),
@@ -73,7 +75,7 @@ CREATE TABLE call_outcomes (
 CREATE TABLE tool_events (
     id bigserial PRIMARY KEY, run_id text NOT NULL, call_id text NOT NULL, name text NOT NULL,
     event text NOT NULL, content text, is_error boolean NOT NULL DEFAULT false,
-    created double precision NOT NULL);
+    created double precision NOT NULL, attachments text);
 CREATE INDEX tool_events_run_call ON tool_events (run_id, call_id);
 CREATE TABLE snapshots (
     id bigserial PRIMARY KEY, run_id text NOT NULL, version integer NOT NULL,
@@ -99,6 +101,12 @@ CREATE TABLE run_spans (
     id bigserial PRIMARY KEY, session_id text NOT NULL, run_id text NOT NULL,
     trace_id text NOT NULL, span_id text NOT NULL, created double precision NOT NULL);
 CREATE INDEX run_spans_run ON run_spans (run_id, id);
+CREATE TABLE context_limits (
+    id bigserial PRIMARY KEY, model text NOT NULL, channel text NOT NULL,
+    maximum integer NOT NULL, ratio double precision NOT NULL, "window" integer NOT NULL,
+    source text NOT NULL, run_id text, created double precision NOT NULL);
+CREATE INDEX context_limits_channel ON context_limits (model, channel, id);
+CREATE INDEX context_limits_run ON context_limits (run_id);
 CREATE TABLE workers (
     executor_id text PRIMARY KEY, host text NOT NULL, pid integer NOT NULL, queue text NOT NULL,
     started double precision NOT NULL, heartbeat double precision NOT NULL,

@@ -26,6 +26,7 @@ from anabranch.store._dsn import redact_dsn
 from anabranch.store._records import (
     BoundaryRecord,
     CallRecord,
+    ContextLimitRecord,
     MessageRecord,
     RunRecord,
     RunStatus,
@@ -74,6 +75,7 @@ def _tool_event_values(event: ToolEventRecord) -> dict[str, Any]:
         "content": event.content,
         "is_error": event.is_error,
         "created": event.created,
+        "attachments": event.attachments,
     }
 
 
@@ -401,6 +403,7 @@ class PostgresStore(Reads):
             "created": call.created,
             "snapshot_version": call.snapshot_version,
             "compactions": call.compactions,
+            "settings": call.settings,
         }
 
         def write(conn: Conn) -> int:
@@ -534,6 +537,27 @@ class PostgresStore(Reads):
             "created": time.time(),
         }
         await self._write(lambda conn: _insert(conn, "cache_breaks", values), run=run_id)
+
+    async def save_context_limit(self, limit: ContextLimitRecord) -> None:
+        """Record a limit a channel taught (or that was configured), or a run's limit."""
+        values = {
+            "model": limit.model,
+            "channel": limit.channel,
+            "maximum": limit.maximum,
+            "ratio": limit.ratio,
+            '"window"': limit.window,
+            "source": limit.source,
+            "run_id": limit.run_id,
+            "created": limit.created,
+        }
+        columns = ", ".join(values)
+        marks = ", ".join("%s" for _ in values)
+        await self._write(
+            lambda conn: conn.execute(
+                f"INSERT INTO context_limits ({columns}) VALUES ({marks})", tuple(values.values())
+            ),
+            run=limit.run_id,
+        )
 
     async def add_run_span(self, session_id: str, run_id: str, trace_id: str, span_id: str) -> None:
         """Remember the (hex) trace and span id of one drive of a run (for a graph's own
