@@ -26,6 +26,9 @@ __all__ = [
     "Cost",
     "ModelPrice",
     "PriceTable",
+    "REGIONAL_PREMIUM",
+    "claude_generation",
+    "scaled",
 ]
 
 CACHE_WRITE_5M_MULTIPLIER = 1.25
@@ -124,6 +127,34 @@ DEFAULT_PRICES: Mapping[str, ModelPrice] = {
 
 _PRICE_MAP = TypeAdapter(dict[str, ModelPrice])
 
+REGIONAL_PREMIUM = 1.1
+"""Bedrock and Vertex price regional endpoints 10% above global ones (4.5 generation on)."""
+_BEDROCK_ID = re.compile(
+    r"^(?:(?P<geo>[a-z]{2,6})\.)?anthropic\.(?P<model>claude-[a-z0-9-]+?)(?:-v\d+(?::\d+)?)?$"
+)
+_FAMILY = re.compile(r"claude-(?:opus|sonnet|haiku|fable|mythos)-(\d+)(?:-(\d)(?!\d))?")
+_OLD_FAMILY = re.compile(r"claude-(\d)(?:-(\d))?-(?:opus|sonnet|haiku)")
+
+
+def claude_generation(model: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a Claude model id in any channel's spelling, if it names one."""
+    for pattern in (_FAMILY, _OLD_FAMILY):
+        match = pattern.search(model)
+        if match:
+            return int(match.group(1)), int(match.group(2) or 0)
+    return None
+
+
+def scaled(price: ModelPrice, factor: float) -> ModelPrice:
+    """``price`` with every rate ``factor`` times higher."""
+    return ModelPrice(
+        input=price.input * factor,
+        output=price.output * factor,
+        cache_write_5m=price.write_5m_rate * factor,
+        cache_write_1h=price.write_1h_rate * factor,
+        cache_read=price.read_rate * factor,
+    )
+
 
 class PriceTable:
     """Prices by model id. A key also matches ids that add a date or variant to it
@@ -157,7 +188,28 @@ class PriceTable:
         return (base or cls()).with_prices(overrides)
 
     def price(self, model: str) -> ModelPrice | None:
-        """The price entry for ``model`` (exact, else the longest key it extends)."""
+        """The price entry for ``model`` (exact, else the longest key it extends).
+
+        A Bedrock id (``us.anthropic.claude-sonnet-4-5-20250929-v1:0``) is priced as the
+        model it names; a regional or geographic one (any but ``global.``) of the 4.5
+        generation or later costs ``REGIONAL_PREMIUM`` times more, as Bedrock and Vertex
+        charge (a Vertex id names no region: pass a regional table if you use one).
+        """
+        found = self._lookup(model)
+        if found is not None:
+            return found
+        match = _BEDROCK_ID.match(model)
+        if match is None:
+            return None
+        found = self._lookup(match.group("model"))
+        if found is None or match.group("geo") == "global":
+            return found
+        generation = claude_generation(match.group("model"))
+        if generation is None or generation < (4, 5):
+            return found
+        return scaled(found, REGIONAL_PREMIUM)
+
+    def _lookup(self, model: str) -> ModelPrice | None:
         if model in self.prices:
             return self.prices[model]
         best: str | None = None

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import anthropic
 import httpx2
 
-from anabranch.errors import ModelConnectionError, UserError
+from anabranch.errors import ModelAPIError, ModelConnectionError, UserError
 from anabranch.messages import (
     Block,
     CacheTTL,
@@ -28,6 +28,15 @@ from anabranch.messages import (
     Usage,
 )
 from anabranch.models._base import DeltaSink
+from anabranch.models._clouds import (
+    AnyClient,
+    Provider,
+    cloud_channel,
+    cloud_model,
+    make_client,
+    provider_of,
+    without_unsupported_ttl,
+)
 from anabranch.models._errors import api_error
 from anabranch.models._gateway import GatewayNotice, public_channel
 
@@ -48,21 +57,33 @@ class AnthropicModel:
         api_key: str | None = None,
         base_url: str | None = None,
         timeout: float = 600.0,
-        client: anthropic.AsyncAnthropic | None = None,
+        client: AnyClient | None = None,
         context_window: int | None = None,
+        provider: Provider | None = None,
+        region: str | None = None,
+        project_id: str | None = None,
+        model_ids: Mapping[str, str] | None = None,
     ) -> None:
         if context_window is not None and context_window <= 0:
             raise UserError(f"context_window must be a positive token count, not {context_window}")
+        if provider not in (None, "anthropic", "bedrock", "vertex"):
+            raise UserError(f"provider must be anthropic, bedrock or vertex, not {provider!r}")
+        if client is not None and provider is not None and provider_of(client) != provider:
+            raise UserError(f"provider={provider!r} does not match the {type(client).__name__}")
         self.context_window = context_window
         """The window this channel enforces, when known (e.g. a gateway's limit); every
         agent on this model compacts within it, whatever window it declares."""
-        self._client = client or anthropic.AsyncAnthropic(
+        self.model_ids: dict[str, str] = dict(model_ids or {})
+        """Agent model names to the ids this channel knows them by (Bedrock, Vertex)."""
+        self._client: AnyClient = client or make_client(
+            provider or "anthropic",
             api_key=api_key,
             base_url=base_url,
             timeout=timeout,
-            max_retries=0,
-            open_telemetry=False,
+            region=region,
+            project_id=project_id,
         )
+        self.provider: Provider = provider_of(self._client)
         self._gateway = GatewayNotice(self.channel)
 
     @property
@@ -71,8 +92,14 @@ class AnthropicModel:
 
     @property
     def channel(self) -> str:
-        """Where calls go, as context limits are keyed: the base URL without credentials."""
-        return public_channel(self.base_url)
+        """Where calls go, as context limits are keyed: the cloud and region, or the base
+        URL without credentials."""
+        return cloud_channel(self._client) or public_channel(self.base_url)
+
+    def _params(self, request: ModelRequest) -> dict[str, Any]:
+        params = request_to_params(request)
+        params["model"] = cloud_model(request.model, self.model_ids)
+        return without_unsupported_ttl(params, self.provider)
 
     @property
     def gateway(self) -> str | None:
@@ -80,7 +107,7 @@ class AnthropicModel:
         return self._gateway.gateway
 
     async def request(self, request: ModelRequest) -> ModelResponse:
-        params = request_to_params(request)
+        params = self._params(request)
         with _map_errors(self._gateway):
             async with self._client.messages.stream(**params) as stream:
                 self._gateway.seen(stream.response.headers)
@@ -89,7 +116,7 @@ class AnthropicModel:
 
     async def request_streaming(self, request: ModelRequest, on_delta: DeltaSink) -> ModelResponse:
         """``request``, handing each text and thinking delta to ``on_delta`` as it arrives."""
-        params = request_to_params(request)
+        params = self._params(request)
         with _map_errors(self._gateway):
             async with self._client.messages.stream(**params) as stream:
                 self._gateway.seen(stream.response.headers)
@@ -102,7 +129,7 @@ class AnthropicModel:
         return _response_from_sdk(final)
 
     async def count_tokens(self, request: ModelRequest) -> int:
-        params = request_to_params(request)
+        params = self._params(request)
         for key in ("max_tokens", "stop_sequences", "service_tier"):
             params.pop(key, None)
         body = params.get("extra_body")
@@ -305,10 +332,19 @@ def _map_errors(notice: GatewayNotice | None = None) -> Iterator[None]:
         if notice is not None:
             notice.seen(headers)
         raise api_error(
-            exc.api_message or str(exc),
+            exc.api_message or _plain_message(exc.body) or str(exc),
             status_code=exc.status_code,
             error_type=exc.type,
             body=exc.body,
             headers=headers,
             request_id=exc.request_id,
         ) from exc
+    except anthropic.AnthropicError as exc:  # e.g. no token counting on Bedrock
+        raise ModelAPIError(str(exc)) from exc
+
+
+def _plain_message(body: object) -> str | None:
+    """A cloud's ``{"message": ...}`` error body (Bedrock's shape)."""
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    return None

@@ -135,6 +135,32 @@ def _error_code(body: object) -> str | None:
     return None
 
 
+_AWS_TYPES = {
+    "throttlingexception": "rate_limit_error",
+    "servicequotaexceededexception": "rate_limit_error",
+    "serviceunavailableexception": "overloaded_error",
+    "modelnotreadyexception": "overloaded_error",
+    "validationexception": "invalid_request_error",
+    "accessdeniedexception": "permission_error",
+    "unrecognizedclientexception": "authentication_error",
+    "resourcenotfoundexception": "not_found_error",
+    "internalserverexception": "api_error",
+    "modelstreamerrorexception": "api_error",
+    "modeltimeoutexception": "api_error",
+    "modelerrorexception": "api_error",
+}
+"""Bedrock's error types (``x-amzn-errortype``, or a stream's exception frame) as the API's."""
+
+
+def _normalized_type(error_type: str | None, headers: Mapping[str, str] | None) -> str | None:
+    if error_type is None and headers:
+        aws = headers.get("x-amzn-errortype")
+        error_type = aws.split(":", 1)[0] if aws else None
+    if error_type is None:
+        return None
+    return _AWS_TYPES.get(error_type.lower(), error_type)
+
+
 _WRAPPED_OVERLOADED = re.compile(r"overloaded_error|\bOverloaded\b")
 _WRAPPED_RATE_LIMIT = re.compile(r"rate_limit_error|RateLimitError|ThrottlingException")
 
@@ -150,6 +176,7 @@ def api_error(
 ) -> ModelAPIError:
     """The ``ModelAPIError`` subclass for an error answer from any channel."""
     gateway = detect_gateway(headers)
+    error_type = _normalized_type(error_type, headers)
     kwargs: dict[str, Any] = {
         "status_code": status_code,
         "error_type": error_type,

@@ -26,6 +26,7 @@ from anabranch.errors import (
 from anabranch.messages import ModelResponse, ToolResultBlock, Usage
 from anabranch.models._base import Model
 from anabranch.testing._cache import PromptCache, prefix_blocks
+from anabranch.testing._clouds import CloudRoute, as_messages_request, bedrock_reply, cloud_route
 from anabranch.testing._faults import Fault, FaultPlan
 from anabranch.testing._http import Hangup, HTTPRequest, Reply
 from anabranch.testing._output import fit_to_max_tokens, output_tokens
@@ -183,7 +184,10 @@ class MessagesApp:
     # -- entry point ---------------------------------------------------------------------
 
     async def handle(self, request: HTTPRequest) -> Reply | Hangup:
-        """Answer one HTTP request."""
+        """Answer one HTTP request (a Bedrock or Vertex call too, in the cloud's shape)."""
+        route = cloud_route(request)
+        if route is not None:
+            return await self._cloud(route, request)
         endpoint: Literal["messages", "count_tokens", "other"] = "other"
         if request.path.rstrip("/") == "/v1/messages":
             endpoint = "messages"
@@ -201,6 +205,15 @@ class MessagesApp:
             return await self._messages(trace, request)
         except APIFailure as failure:
             return self._error(trace, failure)
+
+    async def _cloud(self, route: CloudRoute, request: HTTPRequest) -> Reply | Hangup:
+        try:
+            reply = await self.handle(as_messages_request(route, request))
+        except APIFailure as failure:
+            reply = self._error(_Trace("messages", _new_id("req"), self._wall_clock()), failure)
+        if route.provider == "bedrock" and isinstance(reply, Reply):
+            return bedrock_reply(reply)
+        return reply
 
     def _authenticate(self, request: HTTPRequest) -> None:
         key = request.headers.get("x-api-key")
