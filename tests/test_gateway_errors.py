@@ -7,6 +7,9 @@ from pathlib import Path
 
 import anyio
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from anabranch import Agent, ContextPolicy, RetryPolicy, Runtime
 from anabranch.errors import (
@@ -229,3 +232,33 @@ async def test_a_sustained_overload_behind_a_gateway_is_tried_a_bounded_number_o
     # the shim does not retry, so the 2 attempts of ours are all that reached upstream;
     # behind LiteLLM's default 2 retries that is 6 upstream attempts, not 18
     assert len(srv.log) == 2
+
+
+async def test_the_gateway_is_an_event_on_the_first_call_span_it_was_seen_on(
+    tmp_path: Path,
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with anyio.fail_after(30):
+        async with MessagesServer(TestModel(rounds=2)) as srv:
+            async with gateway_shim(srv.base_url) as gw:
+                model = AnthropicModel(base_url=gw.base_url, api_key="test")
+                try:
+                    async with Runtime(
+                        db=tmp_path / "t.db", model=model, tracer_provider=provider
+                    ) as rt:
+                        result = await rt.run(_worker(100_000), "Research SQLite")
+                finally:
+                    await model.aclose()
+    assert result.status == "done"
+    spans = exporter.get_finished_spans()
+    events = [(s, e) for s in spans for e in s.events if e.name == "anabranch.gateway"]
+    assert len(events) == 1, "said once per channel"
+    span, event = events[0]
+    assert span.name.startswith("chat ")
+    assert dict(event.attributes or {}) == {
+        "anabranch.gateway.name": "litellm",
+        "anabranch.gateway.channel": public_channel(gw.base_url),
+        "anabranch.gateway.version": "1.108.7",
+    }
