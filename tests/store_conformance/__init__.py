@@ -24,6 +24,7 @@ What is covered:
   cancelled writer's write is committed whole.
 - ``test_leases``: one live owner at a time, renewal, release, take-over after expiry.
 - ``test_history_search``: full-text search over one run's messages and spills.
+- ``test_context_limits``: limits a channel taught, by (model, channel); each run's limit.
 - ``test_migrations``: a new database is at the current schema; an older one is migrated
   keeping its rows; a newer or foreign one is refused without being written.
 """
