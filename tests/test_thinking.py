@@ -248,3 +248,36 @@ def test_agent_refuses_settings_the_api_refuses() -> None:
     with pytest.raises(pydantic.ValidationError, match="greater than or equal to 1024"):
         ModelSettings(thinking_budget=100)
     assert ModelSettings(thinking_budget=2048, temperature=1.0, top_p=0.97).thinking
+
+
+async def test_thinking_runs_read_the_cache_and_survive_a_mid_stream_error(tmp_path: Path) -> None:
+    async with MessagesServer(TestModel(rounds=3), min_cache_tokens=0) as srv:
+        srv.inject("stream_error")  # the first answer breaks off mid-stream (HTTP 200)
+        model = AnthropicModel(base_url=srv.base_url, api_key="test")
+        try:
+            async with Runtime(
+                db=tmp_path / "c.db",
+                model=model,
+                retry=RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.02),
+            ) as rt:
+                result = await rt.run(THINKER, "How fast is the tide?")
+                calls = [c for c in await rt.store.session_calls(result.session_id)]
+                breaks = await rt.store.list_cache_breaks(result.session_id)
+        finally:
+            await model.aclose()
+    assert result.status == "done"
+    assert [c.status for c in calls] == ["error", "ok", "ok", "ok", "ok"]
+    reads = [json.loads(c.usage or "{}")["cache_read_input_tokens"] for c in calls[2:]]
+    assert all(read > 0 for read in reads)  # thinking blocks keep the prefix stable
+    assert breaks == []
+
+
+def test_thinking_tokens_are_priced_as_output() -> None:
+    from anabranch.context._pricing import PriceTable
+    from anabranch.messages import Usage
+
+    usage = Usage(input_tokens=1000, output_tokens=900, thinking_tokens=600)
+    cost = PriceTable().cost("claude-sonnet-5-5", usage)
+    assert cost is not None
+    assert cost.output == pytest.approx(900 * 10 / 1_000_000)
+    assert (usage + usage).thinking_tokens == 1200
