@@ -39,18 +39,32 @@ class Cluster:
     data: Path
 
     def dsn(self, database: str = "postgres") -> str:
-        return (
-            f"postgresql://{self.user}:{self.password}@{self.host}:{self.port}/{database}"
-        )
+        return f"postgresql://{self.user}:{self.password}@{self.host}:{self.port}/{database}"
 
     def psql(self, sql: str, database: str = "postgres") -> str:
         env = {**os.environ, "PGPASSWORD": self.password}
         done = subprocess.run(
             [
-                str(self.bindir / "psql"), "-h", self.host, "-p", str(self.port),
-                "-U", self.user, "-d", database, "-At", "-v", "ON_ERROR_STOP=1", "-c", sql,
+                str(self.bindir / "psql"),
+                "-h",
+                self.host,
+                "-p",
+                str(self.port),
+                "-U",
+                self.user,
+                "-d",
+                database,
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
             ],
-            env=env, capture_output=True, text=True, timeout=30, check=True,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         )
         return done.stdout
 
@@ -110,12 +124,25 @@ def start_cluster(*, durable: bool = False) -> Iterator[Cluster]:
     started = False
     try:
         subprocess.run(
-            _as_server_user([
-                str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--no-sync",
-                "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}",
-                "-E", "UTF8", "--locale=C",
-            ]),
-            check=True, capture_output=True, timeout=120,
+            _as_server_user(
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "--no-sync",
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
+                    f"--pwfile={pwfile}",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
         pwfile.unlink()
         options = (
@@ -127,11 +154,24 @@ def start_cluster(*, durable: bool = False) -> Iterator[Cluster]:
         if not durable:
             options += " -c fsync=off -c full_page_writes=off"
         subprocess.run(
-            _as_server_user([
-                str(bindir / "pg_ctl"), "-D", str(data), "-l", str(workdir / "log"),
-                "-w", "-t", "60", "-o", options, "start",
-            ]),
-            check=True, capture_output=True, timeout=90,
+            _as_server_user(
+                [
+                    str(bindir / "pg_ctl"),
+                    "-D",
+                    str(data),
+                    "-l",
+                    str(workdir / "log"),
+                    "-w",
+                    "-t",
+                    "60",
+                    "-o",
+                    options,
+                    "start",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+            timeout=90,
         )
         started = True
         yield Cluster("127.0.0.1", port, "postgres", password, bindir, data)
@@ -143,7 +183,8 @@ def start_cluster(*, durable: bool = False) -> Iterator[Cluster]:
                 _as_server_user(
                     [str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
                 ),
-                capture_output=True, timeout=60,
+                capture_output=True,
+                timeout=60,
             )
         shutil.rmtree(workdir, ignore_errors=True)
 

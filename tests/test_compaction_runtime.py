@@ -58,8 +58,10 @@ async def test_a_long_run_compacts_several_times_and_every_request_is_valid(
     async with Runtime(db=tmp_path / "r.db", model=checked.model, retry=FAST_RETRY) as rt:
         result = await rt.run(agent, "Research SQLite")
         boundaries = await _boundaries(rt, result.session_id)
-        snapshots = await sql(rt.store, 
-            "SELECT reason FROM snapshots WHERE run_id = ? ORDER BY version", (result.run_id,)
+        snapshots = await sql(
+            rt.store,
+            "SELECT reason FROM snapshots WHERE run_id = ? ORDER BY version",
+            (result.run_id,),
         )
     assert result.status == "done" and "Report on: Research SQLite" in result.output
     assert checked.problems == []
@@ -102,7 +104,8 @@ async def test_a_compaction_rebuilds_the_prompt_snapshot(tmp_path: Path) -> None
     checked = Checked(rounds=10)
     async with Runtime(db=tmp_path / "r.db", model=checked.model) as rt:
         result = await rt.run(agent, "Research SQLite")
-        snapshots = await sql(rt.store, 
+        snapshots = await sql(
+            rt.store,
             "SELECT reason, system FROM snapshots WHERE run_id = ? ORDER BY version",
             (result.run_id,),
         )

@@ -169,3 +169,38 @@ async def test_chat_spans_carry_thinking_tokens_and_thinking_text_only_when_capt
         texts[capture] = json.dumps(attributes, default=str)
     assert "Turn 1: the request is" not in texts[False]
     assert "Turn 1: the request is" in texts[True]
+
+
+@tool
+def read_notes(part: int) -> str:
+    """Read a long part of the notes."""
+    return f"part {part}: " + "the tide turns with the moon. " * 120
+
+
+async def test_cache_diagnostics_name_the_break_instead_of_guessing(tmp_path: Path) -> None:
+    from anabranch import AnthropicModel
+    from anabranch.testing import MessagesServer
+
+    def agent(diagnostics: bool) -> Agent:
+        return Agent(
+            name="notes",
+            tools=[read_notes],
+            max_tokens=2048,
+            model_settings=ModelSettings(cache_diagnostics=diagnostics),
+            context=ContextPolicy(window=9000, compact_at=0.5, output_reserve=2048, keep_recent=2),
+        )
+
+    causes = {}
+    for diagnostics in (False, True):
+        async with MessagesServer(TestModel(rounds=6), min_cache_tokens=0) as srv:
+            model = AnthropicModel(base_url=srv.base_url, api_key="k")
+            try:
+                async with Runtime(db=tmp_path / f"{diagnostics}.db", model=model) as rt:
+                    result = await rt.run(agent(diagnostics), "read the notes")
+                    breaks = await rt.store.list_cache_breaks(result.session_id)
+            finally:
+                await model.aclose()
+        assert result.status == "done"
+        causes[diagnostics] = {b["cause"] for b in breaks}
+    assert "compaction" in causes[False]  # inferred from the run's own records
+    assert causes[True] == {"messages_changed"}  # as the API (here: the server) reports it

@@ -68,8 +68,7 @@ async def cut_session(db: str) -> None:
     async with Runtime(db=db) as rt:
         assert password(db) not in repr(rt.store)
         await rt.store.create_session(
-            SessionRecord(id="ses_cut", created=time.time(), kind="agent", entry="looker",
-                          task="t")
+            SessionRecord(id="ses_cut", created=time.time(), kind="agent", entry="looker", task="t")
         )
 
 
@@ -122,8 +121,9 @@ async def test_a_stalled_store_is_fenced_after_a_takeover(postgres_dsn: str) -> 
         )
         await a.acquire_lease("ses_f", "host-a:1", ttl=30)
         await a.create_run(
-            RunRecord(id="run_f", session_id="ses_f", agent_name="x", model="m",
-                      created=time.time()),
+            RunRecord(
+                id="run_f", session_id="ses_f", agent_name="x", model="m", created=time.time()
+            ),
             messages=[MessageRecord(run_id="run_f", seq=0, role="user", content="[]")],
         )
         with pytest.raises(SessionBusyError):
@@ -159,8 +159,9 @@ async def test_opening_checks_the_schema(postgres_dsn: str) -> None:
     with pytest.raises(DatabaseError, match="not an anabranch store"):
         await open_store(postgres_dsn)
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO anabranch.meta VALUES ('app', 'anabranch'), "
-                     "('schema_version', '99')")
+        conn.execute(
+            "INSERT INTO anabranch.meta VALUES ('app', 'anabranch'), ('schema_version', '99')"
+        )
     with pytest.raises(DatabaseError, match="newer than this anabranch"):
         await open_store(postgres_dsn)
 

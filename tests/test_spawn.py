@@ -202,7 +202,8 @@ async def test_depth_limit_refuses_deeper_spawns(tmp_path: object) -> None:
         result = await rt.run(boss, "go")
         runs = await runs_by_agent(rt.store, result.session_id)
         mid = runs["middle"][0]
-        events = await sql(rt.store, 
+        events = await sql(
+            rt.store,
             "SELECT content, is_error FROM tool_events WHERE run_id = ? AND event = 'finished'",
             (mid.id,),
         )

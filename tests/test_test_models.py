@@ -24,7 +24,8 @@ async def test_tool_use_ids_are_unique_across_a_multi_agent_session(tmp_path: Pa
     supervisor = load_object(f"{EXAMPLES / 'research.py'}:supervisor")
     async with Runtime(db=tmp_path / "ids.db", model=TestModel()) as rt:
         result = await rt.run(supervisor, "Compare SQLite and DuckDB")
-        rows = await sql(rt.store, 
+        rows = await sql(
+            rt.store,
             "SELECT m.content FROM messages m JOIN runs r ON r.id = m.run_id "
             "WHERE r.session_id = ? AND m.role = 'assistant'",
             (result.session_id,),

@@ -107,12 +107,13 @@ async def test_span_tree_shape_and_parentage(
 ) -> None:
     session_id, rt = await _run(tmp_path, provider)
     try:
-        calls = await sql(rt.store, 
+        calls = await sql(
+            rt.store,
             "SELECT c.id FROM calls c JOIN runs r ON r.id = c.run_id WHERE r.session_id = ?",
             (session_id,),
         )
-        tool_calls = await sql(rt.store, 
-            "SELECT call_id, name FROM tool_events WHERE event = 'finished'"
+        tool_calls = await sql(
+            rt.store, "SELECT call_id, name FROM tool_events WHERE event = 'finished'"
         )
         runs = await rt.store.list_runs(session_id)
     finally:
@@ -359,7 +360,8 @@ async def _multi_agent_run(
     async with Runtime(db=tmp_path / "t.db", model=model, tracer_provider=provider) as rt:
         result = await rt.run(_load(reference), task)
         runs = await rt.store.list_runs(result.session_id)
-        calls = await sql(rt.store, 
+        calls = await sql(
+            rt.store,
             "SELECT c.id, c.run_id FROM calls c JOIN runs r ON r.id = c.run_id "
             "WHERE r.session_id = ?",
             (result.session_id,),

@@ -76,11 +76,27 @@ def workers(
             procs.append(
                 subprocess.Popen(
                     [
-                        sys.executable, "-m", "anabranch", "worker", *map(str, files),
-                        "--db", dsn, "--concurrency", "3", "--executor-id", f"w{i + 1}",
-                        "--lease-ttl", "2", "--heartbeat", "0.3", *extra,
+                        sys.executable,
+                        "-m",
+                        "anabranch",
+                        "worker",
+                        *map(str, files),
+                        "--db",
+                        dsn,
+                        "--concurrency",
+                        "3",
+                        "--executor-id",
+                        f"w{i + 1}",
+                        "--lease-ttl",
+                        "2",
+                        "--heartbeat",
+                        "0.3",
+                        *extra,
                     ],
-                    env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                    env=env,
+                    stderr=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    text=True,
                 )
             )
         for proc in procs:  # each announces itself once it dequeues

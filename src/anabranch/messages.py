@@ -492,6 +492,9 @@ class ModelSettings(_Frozen):
     """Sent with every request (e.g. a beta header); never stored or traced by value."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Merged into every request body, for API fields this model does not name."""
+    cache_diagnostics: bool = False
+    """Ask the API why a call's prompt diverged from the run's previous one
+    (``diagnostics.previous_message_id``): the answer becomes the cache-break cause."""
 
     @field_validator("stop_sequences")
     @classmethod
@@ -563,6 +566,8 @@ class ModelRequest(_Frozen):
     settings: ModelSettings = Field(
         default_factory=ModelSettings, exclude_if=lambda value: value.is_default()
     )
+    previous_response_id: str | None = Field(None, exclude_if=lambda value: value is None)
+    """The run's previous response, for cache diagnostics (not part of the fingerprint)."""
 
     def fingerprint(self) -> str:
         """SHA-256 over the canonical JSON of everything but the messages, then a hash of
@@ -597,6 +602,10 @@ class ModelResponse(_Frozen):
     content: tuple[Block, ...]
     stop_reason: StopReason | None = "end_turn"
     usage: Usage = Usage()
+    cache_miss: str | None = Field(None, exclude_if=lambda value: value is None)
+    """The API's ``diagnostics.cache_miss_reason`` type, when cache diagnostics were asked
+    for and the prompt diverged (``model_changed``, ``system_changed``, ``tools_changed``,
+    ``messages_changed``, ...)."""
 
     def to_message(self) -> Message:
         return Message(role="assistant", content=self.content)

@@ -69,7 +69,9 @@ class Pool:
     def start(self, kill: KillPoint | None) -> None:
         self.started += 1
         spec = WorkerSpec(
-            dsn=self.dsn, workdir=str(self.workdir), base_url=self.base_url,
+            dsn=self.dsn,
+            workdir=str(self.workdir),
+            base_url=self.base_url,
             executor_id=f"crash-{self.started}",
             kill_event=kill.event if kill and kill.event in IN_PROCESS_EVENTS else None,
             kill_at=kill.at if kill else 0,

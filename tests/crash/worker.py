@@ -61,22 +61,36 @@ def _install_commit_kill(spec: Spec) -> None:
 
 async def main(worker: WorkerSpec) -> None:
     spec = Spec(
-        db=worker.dsn, workdir=worker.workdir, base_url=worker.base_url, backend="asyncio",
-        attempt=0, kill_event=worker.kill_event, kill_at=worker.kill_at,
+        db=worker.dsn,
+        workdir=worker.workdir,
+        base_url=worker.base_url,
+        backend="asyncio",
+        attempt=0,
+        kill_event=worker.kill_event,
+        kill_at=worker.kill_at,
     )
     scenario.configure(
-        effects=spec.effects_file, violations=spec.violations_file, db=worker.dsn,
-        event=worker.kill_event, at=worker.kill_at,
+        effects=spec.effects_file,
+        violations=spec.violations_file,
+        db=worker.dsn,
+        event=worker.kill_event,
+        at=worker.kill_at,
     )
     _install_commit_kill(spec)
     client = anthropic.AsyncAnthropic(
-        base_url=worker.base_url, api_key="crash-test", max_retries=0,
+        base_url=worker.base_url,
+        api_key="crash-test",
+        max_retries=0,
         http_client=httpx2.AsyncClient(transport=_Transport(spec), timeout=60.0),
     )
     model = _KillingModel(AnthropicModel(client=client), spec)
     async with Runtime(
-        db=worker.dsn, model=model, retry=RetryPolicy(base_delay=0.01, max_delay=0.05),
-        agents=scenario.AGENTS, graphs=[scenario.GRAPH], lease_ttl=LEASE_TTL,
+        db=worker.dsn,
+        model=model,
+        retry=RetryPolicy(base_delay=0.01, max_delay=0.05),
+        agents=scenario.AGENTS,
+        graphs=[scenario.GRAPH],
+        lease_ttl=LEASE_TTL,
     ) as rt:
         options = WorkerOptions(
             executor_id=worker.executor_id, concurrency=4, heartbeat=0.2, polling_interval=0.1

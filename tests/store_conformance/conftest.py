@@ -88,6 +88,7 @@ async def sqlite_backend(tmp_path: Path) -> AsyncIterator[Backend]:
 
 BackendFactory = Callable[[Path], AbstractAsyncContextManager[Backend]]
 
+
 def _postgres(tmp_path: Path) -> AbstractAsyncContextManager[Backend]:
     from tests.store_conformance._postgres import postgres_backend
 

@@ -34,8 +34,6 @@ from anabranch.testing import _command as _testing
 __all__ = ["main"]
 
 
-
-
 def _model(args: argparse.Namespace, source: str | None = None) -> Model | None:
     """``None`` (the real API) unless ``--offline``: then the file's ``OFFLINE_MODEL`` or a
     plain ``TestModel``."""

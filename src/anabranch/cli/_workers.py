@@ -179,15 +179,30 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     worker.add_argument("files", metavar="FILE", nargs="+", help="definition files to serve")
     worker.add_argument("--concurrency", type=int, default=16, help="sessions at once (16)")
     worker.add_argument("--queue", default="anabranch", help="DBOS queue to serve (anabranch)")
-    worker.add_argument("--global-concurrency", type=int, default=None,
-                        help="sessions at once across every worker of the queue")
-    worker.add_argument("--starts-per", metavar="LIMIT/SECONDS", default=None,
-                        help="rate limit on session starts across workers (e.g. 100/60)")
-    worker.add_argument("--executor-id", default=None,
-                        help="stable id of this worker ($ANABRANCH_EXECUTOR_ID or host-pid)")
+    worker.add_argument(
+        "--global-concurrency",
+        type=int,
+        default=None,
+        help="sessions at once across every worker of the queue",
+    )
+    worker.add_argument(
+        "--starts-per",
+        metavar="LIMIT/SECONDS",
+        default=None,
+        help="rate limit on session starts across workers (e.g. 100/60)",
+    )
+    worker.add_argument(
+        "--executor-id",
+        default=None,
+        help="stable id of this worker ($ANABRANCH_EXECUTOR_ID or host-pid)",
+    )
     worker.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
-    worker.add_argument("--lease-ttl", type=float, default=10.0,
-                        help="session lease ttl; a silent worker is dead after it (10 s)")
+    worker.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=10.0,
+        help="session lease ttl; a silent worker is dead after it (10 s)",
+    )
     worker.add_argument("--offline", action="store_true", help="Use the built-in TestModel")
     add_trace_arguments(worker)
 

@@ -53,6 +53,7 @@ CacheBreakCause = Literal[
     "tool_choice_changed",
     "compaction",
     "system_changed",
+    "messages_changed",
     "ttl_expired",
     "unknown",
 ]

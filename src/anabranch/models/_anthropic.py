@@ -130,7 +130,7 @@ class AnthropicModel:
 
     async def count_tokens(self, request: ModelRequest) -> int:
         params = self._params(request)
-        for key in ("max_tokens", "stop_sequences", "service_tier"):
+        for key in ("max_tokens", "stop_sequences", "service_tier", "diagnostics"):
             params.pop(key, None)
         body = params.get("extra_body")
         if body:  # sampling options are not count_tokens parameters
@@ -235,6 +235,8 @@ def request_to_params(request: ModelRequest) -> dict[str, Any]:
             tools.append(item)
         params["tools"] = tools
     params.update(settings_params(request.settings))
+    if request.settings.cache_diagnostics:
+        params["diagnostics"] = {"previous_message_id": request.previous_response_id}
     return params
 
 
@@ -291,10 +293,13 @@ def _response_from_sdk(message: Any) -> ModelResponse:
     content = [_block_from_sdk(block) for block in message.content]
     usage = message.usage
     creation = getattr(usage, "cache_creation", None)
+    diagnostics = getattr(message, "diagnostics", None)
+    reason = getattr(diagnostics, "cache_miss_reason", None) if diagnostics else None
     return ModelResponse(
         id=message.id,
         model=message.model,
         content=tuple(content),
+        cache_miss=getattr(reason, "type", None),
         stop_reason=message.stop_reason,
         usage=Usage(
             input_tokens=usage.input_tokens or 0,

@@ -23,7 +23,16 @@ from anabranch.messages import ModelResponse, SystemBlock, ToolDefinition, Usage
 from anabranch.runtime._view import RunView
 from anabranch.store import CallRecord, Store
 
-__all__ = ["CacheBreak", "check_cache_break"]
+__all__ = ["REPORTED_CAUSES", "CacheBreak", "check_cache_break"]
+
+REPORTED_CAUSES: dict[str, CacheBreakCause] = {
+    "model_changed": "model_changed",
+    "system_changed": "system_changed",
+    "tools_changed": "tools_changed",
+    "messages_changed": "messages_changed",
+}
+"""Cache-miss reasons the API's cache diagnostics report, as our causes (the others,
+``previous_message_not_found`` and ``unavailable``, leave the inferred cause)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,9 @@ async def check_cache_break(
     )
     if cause is None:
         return None
+    reported = REPORTED_CAUSES.get(response.cache_miss or "")
+    if reported is not None:  # the API's diagnosis is exact: it wins over the inference
+        cause = reported
     found = CacheBreak(
         run_id=run.id,
         call_id=call_id,

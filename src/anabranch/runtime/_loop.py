@@ -146,6 +146,8 @@ class AgentRun:
         self.turn_base = 0
         """Turns done before this exchange of a conversation (``max_turns`` counts from here)."""
         self.last_usage: Usage | None = None
+        self.last_response_id: str | None = None
+        """The latest committed response's id (what cache diagnostics compare against)."""
         self.appended_since_usage: list[Message] = []
         self.compactions = 0
         self._fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None = None
@@ -249,6 +251,7 @@ class AgentRun:
         calls = [c for c in (last_any, last_ok) if c is not None]
         # a run's successful calls are turns 1..n: the latest one's turn is their count
         run.turns = last_ok.turn if last_ok is not None else 0
+        run.last_response_id = last_ok.response_id if last_ok is not None else None
         exchange = _exchange_turns(run.context)
         run.turn_base = run.turns - exchange if exchange is not None else 0
         run.appended_since_usage = list(run.context)
@@ -385,6 +388,9 @@ class AgentRun:
             messages=tuple(self.context),
             max_tokens=self.agent.max_tokens,
             settings=self.agent.model_settings,
+            previous_response_id=self.last_response_id
+            if self.agent.model_settings.cache_diagnostics
+            else None,
         )
         return self.with_breakpoints(request)
 
@@ -660,6 +666,7 @@ class AgentRun:
                 tool_events=started,
             )
             self.next_seq += 1
+            self.last_response_id = response.id
             self._fresh_tools = (
                 tuple(u.id for u in message.tool_uses),
                 frozenset(e.call_id for e in started),

@@ -31,9 +31,7 @@ class ContextPipeline(Protocol[RunT]):
         """Runs before every model call; may compact ``run``'s context."""
         ...
 
-    async def on_prompt_too_long(
-        self, run: RunT, error: PromptTooLongError, attempt: int
-    ) -> bool:
+    async def on_prompt_too_long(self, run: RunT, error: PromptTooLongError, attempt: int) -> bool:
         """React to a prompt-too-long answer; True if the request should be rebuilt and sent."""
         ...
 
@@ -48,7 +46,5 @@ class PassThroughPipeline:
     async def before_call(self, run: Any) -> None:
         return None
 
-    async def on_prompt_too_long(
-        self, run: Any, error: PromptTooLongError, attempt: int
-    ) -> bool:
+    async def on_prompt_too_long(self, run: Any, error: PromptTooLongError, attempt: int) -> bool:
         return False

@@ -446,9 +446,7 @@ class Runtime:
             source: ``file.py:name`` the agent came from (for ``anabranch resume``).
         """
         outline = agent_outline(agent) if isinstance(agent, Agent) else {}
-        return await _queued.submit(
-            self, agent, task, queue=queue, source=source, outline=outline
-        )
+        return await _queued.submit(self, agent, task, queue=queue, source=source, outline=outline)
 
     async def wait(
         self,

@@ -27,6 +27,7 @@ from anabranch.messages import ModelResponse, ToolResultBlock, Usage
 from anabranch.models._base import Model
 from anabranch.testing._cache import PromptCache, prefix_blocks
 from anabranch.testing._clouds import CloudRoute, as_messages_request, bedrock_reply, cloud_route
+from anabranch.testing._diagnostics import CacheDiagnostics
 from anabranch.testing._faults import Fault, FaultPlan
 from anabranch.testing._http import Hangup, HTTPRequest, Reply
 from anabranch.testing._output import fit_to_max_tokens, output_tokens
@@ -149,6 +150,7 @@ class MessagesApp:
         self.settings = settings
         self.log = log
         self._wall_clock = wall_clock
+        self._diagnostics = CacheDiagnostics()
 
     # -- replies -------------------------------------------------------------------------
 
@@ -256,12 +258,16 @@ class MessagesApp:
         if isinstance(response, Hangup):
             return response
         trace.message_id, trace.usage = response.id, response.usage
+        diagnostics = None
+        if wire.diagnostics:
+            diagnostics = self._diagnostics.explain(wire.previous_message_id, wire.request)
+        self._diagnostics.remember(response.id, wire.request)
         if wire.stream:
-            return self._stream_reply(trace, response, fault)
+            return self._stream_reply(trace, response, fault, diagnostics)
         dropping = fault is not None and fault.kind == "disconnect"
         if dropping:
             trace.error_message = "connection dropped mid-response"
-        reply = self._json(trace, 200, message_json(response))
+        reply = self._json(trace, 200, message_json(response, diagnostics))
         if dropping:
             body = reply.chunks[0]
             half = len(body) // 2
@@ -320,8 +326,14 @@ class MessagesApp:
             }
         )
 
-    def _stream_reply(self, trace: _Trace, response: ModelResponse, fault: Fault | None) -> Reply:
-        events = [sse_event(e) for e in stream_events(response)]
+    def _stream_reply(
+        self,
+        trace: _Trace,
+        response: ModelResponse,
+        fault: Fault | None,
+        diagnostics: dict[str, Any] | None = None,
+    ) -> Reply:
+        events = [sse_event(e) for e in stream_events(response, diagnostics)]
         headers = self._headers(trace, "text/event-stream; charset=utf-8")
         headers.append(("cache-control", "no-cache"))
         cut = max(3, len(events) // 2)  # after message_start, ping and a block start

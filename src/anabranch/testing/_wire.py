@@ -106,6 +106,9 @@ class WireRequest:
     """Blocks with ``cache_control`` plus one for a top-level ``cache_control``."""
     salt: str = ""
     """Request options that key the messages part of the cache (tool_choice, thinking)."""
+    diagnostics: bool = False
+    """The request asked for cache diagnostics."""
+    previous_message_id: str | None = None
 
 
 def _fail(path: str, message: str) -> NoReturn:
@@ -501,9 +504,25 @@ def parse_body(raw: bytes, *, count_tokens: bool = False) -> WireRequest:
         message_breakpoints=breakpoints,
     ).model_copy(update={"settings": _settings(body)})  # unchecked: ``validate`` reports
     salt = canonical_json([body.get("tool_choice"), body.get("thinking")])
+    asked, previous = _diagnostics(body.get("diagnostics"))
     return WireRequest(
-        request=request, stream=stream, cache_marks=marks, breakpoint_count=count, salt=salt
+        request=request,
+        stream=stream,
+        cache_marks=marks,
+        breakpoint_count=count,
+        salt=salt,
+        diagnostics=asked,
+        previous_message_id=previous,
     )
+
+
+def _diagnostics(raw: Any) -> tuple[bool, str | None]:
+    if raw is None:
+        return False, None
+    obj = _dict(raw, "diagnostics")
+    _no_extra(obj, frozenset({"previous_message_id"}), "diagnostics")
+    previous = obj.get("previous_message_id")
+    return True, None if previous is None else _str(previous, "diagnostics.previous_message_id")
 
 
 # -- responses ---------------------------------------------------------------------------
@@ -539,9 +558,11 @@ def _block_json(block: Block) -> dict[str, Any]:
     raise ValueError(f"a model response cannot contain {block.type} blocks")
 
 
-def message_json(response: ModelResponse) -> dict[str, Any]:
+def message_json(
+    response: ModelResponse, diagnostics: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The API's ``Message`` object for a complete response."""
-    return {
+    payload: dict[str, Any] = {
         "id": response.id,
         "type": "message",
         "role": "assistant",
@@ -551,6 +572,9 @@ def message_json(response: ModelResponse) -> dict[str, Any]:
         "stop_sequence": None,
         "usage": usage_json(response.usage),
     }
+    if diagnostics is not None:
+        payload["diagnostics"] = diagnostics
+    return payload
 
 
 def error_body(error_type: str, message: str, request_id: str) -> dict[str, Any]:
@@ -575,9 +599,11 @@ def _pieces(text: str, count: int = 3) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
-def stream_events(response: ModelResponse) -> list[dict[str, Any]]:
+def stream_events(
+    response: ModelResponse, diagnostics: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """The SSE events the API streams for ``response``, in order (``ping`` included)."""
-    start = message_json(response)
+    start = message_json(response, diagnostics)
     start.update(content=[], stop_reason=None)
     start["usage"] = {**start["usage"], "output_tokens": min(1, response.usage.output_tokens)}
     events: list[dict[str, Any]] = [

@@ -97,8 +97,10 @@ def _commit_batch(conn: Conn, batch: list[Write]) -> None:
                         try:
                             with conn.transaction():
                                 write.result = write.fn(conn, shared)
-                        except (psycopg.errors.DeadlockDetected,
-                                psycopg.errors.SerializationFailure):
+                        except (
+                            psycopg.errors.DeadlockDetected,
+                            psycopg.errors.SerializationFailure,
+                        ):
                             raise
                         except Exception as exc:
                             write.error = exc

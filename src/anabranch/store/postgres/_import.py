@@ -40,11 +40,9 @@ TABLES = (
 )
 """In an order that satisfies the foreign keys."""
 BOOLEAN_COLUMNS = {("tool_events", "is_error")}
-SERIALS = [
-    (table, "id")
-    for table in TABLES
-    if table not in ("sessions", "runs", "spills")
-] + [("runs", "ord")]
+SERIALS = [(table, "id") for table in TABLES if table not in ("sessions", "runs", "spills")] + [
+    ("runs", "ord")
+]
 """Sequences to move past the copied rows."""
 BATCH = 1000
 

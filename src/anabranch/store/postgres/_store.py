@@ -243,8 +243,13 @@ class PostgresStore(Reads):
                 "WHERE session_id = %s FOR UPDATE",
                 (session_id,),
             ).fetchone()
-            values = {"session_id": session_id, "owner": owner, "host": host, "pid": pid,
-                      "ttl": ttl}
+            values = {
+                "session_id": session_id,
+                "owner": owner,
+                "host": host,
+                "pid": pid,
+                "ttl": ttl,
+            }
             if row is None:
                 conn.execute(
                     "INSERT INTO leases (session_id, owner, host, pid, expires) VALUES "
@@ -303,8 +308,7 @@ class PostgresStore(Reads):
     async def lease_holder(self, session_id: str) -> str | None:
         """The live owner of the session's lease, if any."""
         row = await self._one(
-            f"SELECT owner, host, pid, expires > {_NOW} AS live FROM leases "
-            "WHERE session_id = %s",
+            f"SELECT owner, host, pid, expires > {_NOW} AS live FROM leases WHERE session_id = %s",
             (session_id,),
         )
         if row is None or not row["live"]:
@@ -581,9 +585,7 @@ def _migrate(conn: Conn, create: bool, where: str) -> None:
     assert _SCHEMA_NAME.match(SCHEMA)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('anabranch.migrate'))")
-        exists = conn.execute(
-            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (SCHEMA,)
-        ).fetchone()
+        exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (SCHEMA,)).fetchone()
         version = 0
         if exists:
             has_meta = conn.execute(
