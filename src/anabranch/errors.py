@@ -10,6 +10,7 @@
     ├── SessionError              a session cannot be driven by this process now
     │   ├── SessionBusyError      another live process holds the session's lease
     │   └── LeaseLostError        it was taken over while this process was stalled
+    ├── ApprovalPending           a run paused: tool calls wait for approval (resumable)
     ├── RunError                  a run could not finish
     │   ├── RunFailedError        ``result.raise_for_status()`` of a session that ended failed
     │   ├── MaxTurnsExceeded
@@ -40,6 +41,7 @@ from typing import Protocol
 
 __all__ = [
     "AnabranchError",
+    "ApprovalPending",
     "CompactionFailedError",
     "DatabaseError",
     "LeaseLostError",
@@ -118,6 +120,17 @@ class LeaseLostError(SessionError):
 
 class ToolDefinitionError(UserError):
     """A Python function cannot be turned into a tool."""
+
+
+class ApprovalPending(AnabranchError):
+    """The session paused: tool calls wait for a person's answer. Nothing is lost; answer
+    with ``Runtime.approve`` (or ``anabranch approve``), then ``resume`` the session."""
+
+    def __init__(self, calls: list[tuple[str, str, str]]) -> None:
+        names = ", ".join(f"{tool} ({call_id})" for _, call_id, tool in calls)
+        super().__init__(f"waiting for approval of {names}")
+        self.calls = calls
+        """``(run_id, call_id, tool)`` of each waiting call."""
 
 
 class RunError(AnabranchError):

@@ -18,6 +18,8 @@ from anabranch.errors import ToolDefinitionError
 __all__ = ["OnInterrupt", "Tool", "ToolContext", "tool"]
 
 OnInterrupt = Literal["retry", "report"]
+NeedsApproval = bool | Callable[[dict[str, Any]], bool]
+"""``True``: every call waits for a person; a function: decides per call from its arguments."""
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
@@ -52,6 +54,8 @@ class Tool:
     """Seconds; ``None`` uses the agent's ``tool_timeout``."""
     on_interrupt: OnInterrupt = "retry"
     """After a crash mid-call: run again with the same call id, or report it to the model."""
+    needs_approval: NeedsApproval = False
+    """Whether a call waits for ``Runtime.approve`` before it runs (see ``NeedsApproval``)."""
 
     @property
     def is_async(self) -> bool:
@@ -113,6 +117,7 @@ def _build_tool(
     description: str | None,
     timeout: float | None,
     on_interrupt: OnInterrupt,
+    needs_approval: NeedsApproval = False,
 ) -> Tool:
     tool_name = name or function.__name__
     if not _NAME.match(tool_name):
@@ -173,6 +178,7 @@ def _build_tool(
         context_param=context_param,
         timeout=timeout,
         on_interrupt=on_interrupt,
+        needs_approval=needs_approval,
     )
 
 
@@ -187,6 +193,7 @@ def tool(
     description: str | None = None,
     timeout: float | None = None,
     on_interrupt: OnInterrupt = "retry",
+    needs_approval: NeedsApproval = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -198,6 +205,7 @@ def tool(
     description: str | None = None,
     timeout: float | None = None,
     on_interrupt: OnInterrupt = "retry",
+    needs_approval: NeedsApproval = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a sync or async function into a ``Tool``.
 
@@ -210,10 +218,20 @@ def tool(
     """
     if on_interrupt not in ("retry", "report"):
         raise ToolDefinitionError(f"on_interrupt must be 'retry' or 'report', not {on_interrupt!r}")
+    if not isinstance(needs_approval, bool) and not callable(needs_approval):
+        raise ToolDefinitionError(
+            f"needs_approval must be True/False or a function of the arguments, "
+            f"not {needs_approval!r}"
+        )
 
     def decorate(fn: Callable[..., Any]) -> Tool:
         return _build_tool(
-            fn, name=name, description=description, timeout=timeout, on_interrupt=on_interrupt
+            fn,
+            name=name,
+            description=description,
+            timeout=timeout,
+            on_interrupt=on_interrupt,
+            needs_approval=needs_approval,
         )
 
     if function is not None:

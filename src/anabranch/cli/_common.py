@@ -7,6 +7,10 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from anabranch.errors import ApprovalPending, UserError
+from anabranch.models._base import Model
+from anabranch.runtime._loader import load_object, split_reference
+from anabranch.runtime._report import SessionSummary
 from anabranch.runtime._runtime import DEFAULT_DB
 
 OFFLINE_MODEL = "OFFLINE_MODEL"
@@ -38,3 +42,51 @@ def add_command(
     )
     sub.set_defaults(handler=handler)
     return sub
+
+
+def offline_model(args: argparse.Namespace, source: str | None = None) -> Model | None:
+    """``None`` (the real API) unless ``--offline``: then the file's ``OFFLINE_MODEL`` or a
+    plain ``TestModel``."""
+    if not getattr(args, "offline", False):
+        return None
+    if source:
+        path, _ = split_reference(source)
+        try:
+            declared = load_object(f"{path}:{OFFLINE_MODEL}")
+        except UserError:
+            declared = None
+        if isinstance(declared, Model):
+            return declared
+    from anabranch.testing import TestModel
+
+    return TestModel()
+
+
+def session_json(summary: SessionSummary) -> dict[str, Any]:
+    """One session of ``sessions --json`` (docs/json.md)."""
+    session = summary.session
+    return {
+        "id": session.id,
+        "status": summary.status,
+        "kind": session.kind,
+        "entry": session.entry,
+        "task": session.task,
+        "created": session.created,
+        "finished": session.finished,
+        "agents": summary.agents,
+        "usage": summary.usage.model_dump(mode="json"),
+    }
+
+
+def approval_hint(pending: ApprovalPending, db: str) -> str:
+    """What to do about a session paused for approval (the CLI's message)."""
+    session = pending.session_id or "<ID>"
+    flag = "" if db == DEFAULT_DB else f" --db {db}"
+    lines = [f"anabranch: session {session} waits for approval of:"]
+    for run_id, call_id, tool in pending.calls:
+        lines.append(f"  {tool} (call {call_id}, run {run_id})")
+    lines.append(
+        f"answer each with: anabranch approve {session} CALL_ID [--deny REASON]{flag}; "
+        f"then: anabranch resume {session}{flag}"
+    )
+    return "\n".join(lines)

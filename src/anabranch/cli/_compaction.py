@@ -9,6 +9,7 @@ from typing import Any
 from anabranch.cli._common import CliError, add_command
 from anabranch.errors import SessionNotFoundError
 from anabranch.runtime._runtime import Runtime
+from anabranch.runtime._views import compaction_views
 from anabranch.store import BoundaryRecord
 
 __all__ = ["register"]
@@ -41,8 +42,12 @@ async def cmd_compactions(args: argparse.Namespace) -> int:
             raise SessionNotFoundError(args.session_id)
         runs = {r.id: r for r in await rt.store.list_runs(session.id)}
         boundaries = await rt.store.list_boundaries(session_id=session.id)
+        views = await compaction_views(rt.store, session.id) if args.json else []
     finally:
         await rt.aclose()
+    if args.json:
+        print(json.dumps([v.model_dump(mode="json") for v in views], indent=2))
+        return 0
     if not boundaries:
         print(f"no compactions in session {session.id}")
         return 0
@@ -97,6 +102,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "List every compaction in a session: agent, trigger, strategy, tokens, outcome.",
     )
     compactions.add_argument("session_id", metavar="ID")
+    compactions.add_argument("--json", action="store_true", help="machine-readable (docs/json.md)")
     rewind = add_command(
         commands,
         "rewind",

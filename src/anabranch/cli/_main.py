@@ -15,15 +15,22 @@ import anyio
 import pydantic
 
 from anabranch.agents import Agent, Graph
-from anabranch.cli import _compaction, _memory, _ui, _workers
-from anabranch.cli._common import OFFLINE_MODEL, CliError, Handler, add_command
+from anabranch.cli import _chat, _compaction, _inspect, _memory, _ui, _workers
+from anabranch.cli._common import (
+    CliError,
+    Handler,
+    add_command,
+    approval_hint,
+    offline_model,
+    session_json,
+)
+from anabranch.cli._inspect import print_messages, print_session_json
 from anabranch.cli._limits import declared_windows, window_labels
 from anabranch.cli._progress import add_progress_arguments, event_printer
 from anabranch.cli._tracing import add_trace_arguments, configure_from_args
 from anabranch.context._pricing import Cost, PriceTable
-from anabranch.errors import AnabranchError, UserError
+from anabranch.errors import AnabranchError, ApprovalPending
 from anabranch.messages import SystemBlock, ToolDefinition
-from anabranch.models._base import Model
 from anabranch.runtime._loader import load_object, split_reference
 from anabranch.runtime._report import RunNode, list_sessions, session_tree, tree_totals
 from anabranch.runtime._runtime import DEFAULT_DB, Runtime
@@ -32,24 +39,6 @@ from anabranch.store._dsn import resumable_db
 from anabranch.testing import _command as _testing
 
 __all__ = ["main"]
-
-
-def _model(args: argparse.Namespace, source: str | None = None) -> Model | None:
-    """``None`` (the real API) unless ``--offline``: then the file's ``OFFLINE_MODEL`` or a
-    plain ``TestModel``."""
-    if not getattr(args, "offline", False):
-        return None
-    if source:
-        path, _ = split_reference(source)
-        try:
-            declared = load_object(f"{path}:{OFFLINE_MODEL}")
-        except UserError:
-            declared = None
-        if isinstance(declared, Model):
-            return declared
-    from anabranch.testing import TestModel
-
-    return TestModel()
 
 
 def _tokens(n: int) -> str:
@@ -80,7 +69,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             raise CliError(f"{args.target} is a Graph: its tasks carry their prompts; drop TASK")
         async with Runtime(
             db=args.db,
-            model=_model(args, source),
+            model=offline_model(args, source),
             tracer_provider=args.tracer_provider,
             on_event=event_printer(args),
         ) as rt:
@@ -93,7 +82,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(f"{args.target} is an Agent: give it a TASK")
     async with Runtime(
         db=args.db,
-        model=_model(args, source),
+        model=offline_model(args, source),
         tracer_provider=args.tracer_provider,
         on_event=event_printer(args),
     ) as rt:
@@ -117,7 +106,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
     source = await _session_source(args.db, args.session_id) if args.offline else None
     rt = Runtime(
         db=args.db,
-        model=_model(args, source),
+        model=offline_model(args, source),
         tracer_provider=args.tracer_provider,
         on_event=event_printer(args),
     )
@@ -139,6 +128,9 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
         summaries = await list_sessions(rt.store, limit=args.limit)
     finally:
         await rt.aclose()
+    if args.json:
+        print(json.dumps([session_json(s) for s in summaries], indent=2))
+        return 0
     if not summaries:
         print("no sessions")
         return 0
@@ -283,6 +275,17 @@ async def cmd_show(args: argparse.Namespace) -> int:
         if args.system:
             await _print_snapshots(rt.store, session, run)
             return 0
+        if args.messages is not None:
+            chosen = run
+            if args.messages:
+                chosen = await rt.store.get_run(args.messages)
+                if chosen is None or chosen.session_id != session.id:
+                    raise CliError(f"no run {args.messages!r} in session {session.id}")
+            await print_messages(rt.store, session, chosen, args.json)
+            return 0
+        if args.json:
+            await print_session_json(rt.store, session, prices)
+            return 0
         roots = await session_tree(rt.store, session.id, prices)
         runs = {r.id: r.agent_name for r in await rt.store.list_runs(session.id)}
         limits = await rt.store.run_context_limits(session.id)
@@ -340,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_trace_arguments(resume)
 
     sessions = add_command(commands, "sessions", cmd_sessions, "List sessions, newest first.")
+    sessions.add_argument("--json", action="store_true", help="machine-readable (docs/json.md)")
     sessions.add_argument("--limit", type=int, default=50)
 
     show = add_command(
@@ -354,10 +358,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--system", action="store_true", help="print the run's system-prompt snapshot"
     )
     show.add_argument("--prices", metavar="FILE", help="JSON price overrides per model")
+    show.add_argument(
+        "--messages",
+        nargs="?",
+        const="",
+        metavar="RUN",
+        help="print what the run's model was shown, turn by turn (default: the root run)",
+    )
+    show.add_argument("--json", action="store_true", help="machine-readable (docs/json.md)")
 
     _testing.register(commands)
     _compaction.register(commands)
     _ui.register(commands)
+    _chat.register(commands)
+    _inspect.register(commands)
     _memory.register(commands)
     _workers.register(commands)
     return parser
@@ -376,6 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("anabranch: interrupted; resume with: anabranch resume <ID>", file=sys.stderr)
         return 130
+    except ApprovalPending as pending:
+        print(approval_hint(pending, args.db), file=sys.stderr)
+        return 3
     except (AnabranchError, CliError) as exc:
         message = " ".join(str(exc).split())
         print(f"anabranch: error: {message}", file=sys.stderr)

@@ -9,6 +9,7 @@ from typing import Literal
 
 from anabranch.agents import Agent
 from anabranch.context._tokens import CHARS_PER_TOKEN
+from anabranch.errors import ApprovalPending
 from anabranch.messages import Message, SystemBlock, ToolDefinition
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._loop import AgentRun
@@ -106,6 +107,8 @@ async def drive_to_outcome(run: AgentRun) -> RunOutcome:
     failing) is recorded on the run and returned; cancellation propagates untouched."""
     try:
         output = await run.drive()
+    except ApprovalPending:  # paused, not failed: the run stays resumable as it is
+        raise
     except TimeoutError as exc:
         timeout = run.agent.timeout
         error = f"timed out after {timeout} seconds" if timeout else _describe(exc)

@@ -59,6 +59,7 @@ def graph_outline(graph: Graph) -> dict[str, Any]:
                 "agent": t.agent.name,
                 "model": t.agent.model,
                 "window": t.agent.context.window,
+                "threshold": t.agent.context.threshold,
                 "depends_on": list(t.depends_on),
             }
             for t in graph.tasks

@@ -26,7 +26,6 @@ from typing import TypeVar
 import anyio
 import pydantic
 
-from anabranch import events as ev
 from anabranch.agents import Agent
 from anabranch.context._cache import place_breakpoints, system_digest, tools_digest
 from anabranch.context._output import (
@@ -61,6 +60,7 @@ from anabranch.messages import (
 )
 from anabranch.models._base import StreamingModel
 from anabranch.models._retry import retrying
+from anabranch.runtime._approval import gate_calls, needs_approval
 from anabranch.runtime._bootstrap import prompt_inputs
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
 from anabranch.runtime._cache_watch import check_cache_break
@@ -601,13 +601,7 @@ class AgentRun:
 
     def _retry_scheduled(self, error: ModelError, delay: float, attempt: int) -> None:
         self.env.tracing.retry_scheduled(error, delay, attempt)
-        self.events.emit(
-            ev.Retry,
-            attempt=attempt,
-            error=str(error),
-            error_type=type(error).__name__,
-            delay=delay,
-        )
+        self.events.retry(attempt, error, delay)
 
     async def call_model(self) -> ModelResponse:
         """One model turn with retries; the call row is committed before each attempt."""
@@ -684,14 +678,7 @@ class AgentRun:
     async def after_response(self, call_id: int, response: ModelResponse) -> None:
         """Records a cache break if this call read less cache than it could; then runs the
         ``after_response`` hook of cooperating features, if any."""
-        found = await check_cache_break(self, call_id, response)
-        if found is not None:
-            self.events.emit(
-                ev.CacheBreakEvent,
-                cause=found.cause,
-                expected_read=found.expected_read,
-                actual_read=found.actual_read,
-            )
+        self.events.cache_break(await check_cache_break(self, call_id, response))
         hook = self.env.extras.get("after_response")
         if hook is not None:
             await hook(self, call_id, response)
@@ -708,6 +695,7 @@ class AgentRun:
             finished: dict[str, ToolEventRecord] = {}
             started: set[str] = set()
             marked = fresh[1]
+            events: list[ToolEventRecord] | None = None
         else:
             events = await self.env.store.tool_events(self.id, [u.id for u in uses])
             finished = {e.call_id: e for e in events if e.event == "finished"}
@@ -718,21 +706,19 @@ class AgentRun:
             for call_id, e in finished.items()
         }
         todo = [use for use in uses if use.id not in finished]
+        gate = await gate_calls(self, todo, events)
+        outcomes.update(gate.denied)
+        todo = [use for use in todo if not gate.held(use)]
 
         async def run_one(use: ToolUseBlock) -> None:
-            self.events.emit(ev.ToolCallStarted, call_id=use.id, tool=use.name, arguments=use.input)
-            outcome = await self._run_tool(
-                use, interrupted=use.id in started, marked=use.id in marked
-            )
-            await self.env.store.record_tool_event(self._finished_event(use, outcome))
-            outcomes[use.id] = outcome
-            self.events.emit(
-                ev.ToolCallFinished,
-                call_id=use.id,
-                tool=use.name,
-                is_error=outcome.is_error,
-                chars=len(outcome.content),
-            )
+            with gate.collecting():  # a sub-agent waiting for approval pauses this run too
+                self.events.tool_started(use)
+                outcome = await self._run_tool(
+                    use, interrupted=use.id in started, marked=use.id in marked
+                )
+                await self.env.store.record_tool_event(self._finished_event(use, outcome))
+                outcomes[use.id] = outcome
+                self.events.tool_finished(use, outcome)
 
         if len(todo) == 1:
             await run_one(todo[0])
@@ -740,6 +726,7 @@ class AgentRun:
             async with anyio.create_task_group() as group:
                 for use in todo:
                     group.start_soon(run_one, use)
+        gate.raise_if_waiting(self)
         results = []
         for use in uses:
             outcome = await self.env.pipeline.ingest(self, use, outcomes[use.id])
@@ -761,7 +748,8 @@ class AgentRun:
                 run_id=self.id, call_id=use.id, name=use.name, event="started", created=now
             )
             for use in uses
-            if self.agent.tool(use.name) is not None or self._builtin(use.name) is not None
+            if (self.agent.tool(use.name) is not None or self._builtin(use.name) is not None)
+            and not needs_approval(self.agent.tool(use.name), use)
         ]
 
     def _finished_event(self, use: ToolUseBlock, outcome: ToolOutcome) -> ToolEventRecord:

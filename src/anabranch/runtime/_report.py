@@ -115,6 +115,8 @@ async def _status(store: Store, session: SessionRecord) -> str:
             return session.status
     if await store.lease_holder(session.id):
         return "running"
+    if session.status == "waiting":
+        return "waiting"
     return "interrupted"
 
 

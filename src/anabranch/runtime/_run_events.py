@@ -9,16 +9,20 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
 from anabranch import events as ev
 from anabranch.context._pricing import PriceTable
-from anabranch.errors import ModelError
-from anabranch.messages import ModelRequest, ModelResponse
+from anabranch.errors import ApprovalPending, ModelError
+from anabranch.messages import ModelRequest, ModelResponse, ToolUseBlock
 from anabranch.runtime._events import EventBus
 from anabranch.runtime._view import RunView
+
+if TYPE_CHECKING:
+    from anabranch.runtime._builtins import ToolOutcome
+    from anabranch.runtime._cache_watch import CacheBreak
 
 __all__ = ["RunEvents", "run_status_for"]
 
@@ -31,6 +35,8 @@ def run_status_for(error: BaseException) -> Literal["failed", "cancelled", "stop
     """How a run that raised ``error`` stands: ``stopped`` runs are resumable as they are."""
     if isinstance(error, anyio.get_cancelled_exc_class()):
         return "cancelled"
+    if isinstance(error, ApprovalPending):
+        return "waiting"
     if isinstance(error, ModelError):
         return "stopped"
     return "failed"
@@ -141,6 +147,37 @@ class RunEvents:
             purpose=purpose,
             ok=False,
             error=f"{type(error).__name__}: {error}",
+        )
+
+    def retry(self, attempt: int, error: ModelError, delay: float) -> None:
+        self.emit(
+            ev.Retry,
+            attempt=attempt,
+            error=str(error),
+            error_type=type(error).__name__,
+            delay=delay,
+        )
+
+    def cache_break(self, found: CacheBreak | None) -> None:
+        if found is not None:
+            self.emit(
+                ev.CacheBreakEvent,
+                cause=found.cause,
+                expected_read=found.expected_read,
+                actual_read=found.actual_read,
+            )
+
+    # ------------------------------------------------------------------ tools
+    def tool_started(self, use: ToolUseBlock) -> None:
+        self.emit(ev.ToolCallStarted, call_id=use.id, tool=use.name, arguments=use.input)
+
+    def tool_finished(self, use: ToolUseBlock, outcome: ToolOutcome) -> None:
+        self.emit(
+            ev.ToolCallFinished,
+            call_id=use.id,
+            tool=use.name,
+            is_error=outcome.is_error,
+            chars=len(outcome.content),
         )
 
     # ------------------------------------------------------------------ compaction

@@ -25,10 +25,12 @@ from anabranch.models._anthropic import AnthropicModel
 from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime import _queued
+from anabranch.runtime._approval import PendingApproval, decide, pending_approvals
 from anabranch.runtime._builtins import BuiltinTool
-from anabranch.runtime._compactor import CompactingPipeline
+from anabranch.runtime._compactor import CompactingPipeline, CompactionOutcome
+from anabranch.runtime._conversation import compact_session, send_message, stream_session
 from anabranch.runtime._environment import Environment
-from anabranch.runtime._event_stream import EventStream, open_stream
+from anabranch.runtime._event_stream import EventStream
 from anabranch.runtime._events import EventBus, EventCallback
 from anabranch.runtime._graph import (
     drive_graph,
@@ -71,6 +73,7 @@ def agent_outline(agent: Agent) -> dict[str, Any]:
         "name": agent.name,
         "model": agent.model,
         "window": agent.context.window,
+        "threshold": agent.context.threshold,
         "tools": [t.name for t in agent.tools],
         "subagents": [agent_outline(a) for a in agent.subagents],
     }
@@ -306,30 +309,7 @@ class Runtime:
         session is a result with ``status="failed"``, as from ``run``). Leaving the block
         early cancels the run (the session stays resumable).
         """
-        if agent is not None or task is not None:
-            if session_id is not None or message is not None:
-                raise UserError("stream() takes either (agent, task) or (session_id=, message=)")
-            if not isinstance(agent, Agent):
-                raise UserError(f"stream() needs an Agent, got {type(agent).__name__}")
-            chosen_agent, chosen_task = agent, task
-
-            async def drive(on_session: Callable[[str], None]) -> RunResult:
-                if not isinstance(chosen_task, str) or not chosen_task.strip():
-                    raise UserError("the task must be a non-empty string")
-                return await self.run(
-                    chosen_agent, chosen_task, source=source, on_session=on_session
-                )
-
-            return open_stream(self.events, drive)
-        if session_id is None or message is None:
-            raise UserError("stream() takes either (agent, task) or (session_id=, message=)")
-        known_session, text = session_id, message
-
-        async def send(on_session: Callable[[str], None]) -> RunResult:
-            on_session(known_session)
-            return await self.send(known_session, text)
-
-        return open_stream(self.events, send)
+        return stream_session(self, agent, task, session_id, message, source)
 
     async def run_graph(
         self,
@@ -408,31 +388,33 @@ class Runtime:
             UserError: not an agent session, or its last turn is unfinished (resume it)
                 or failed.
         """
-        if not isinstance(message, str) or not message.strip():
-            raise UserError("the message must be a non-empty string")
-        session = await self.store.get_session(session_id)
-        if session is None:
+        return await send_message(self, session_id, message, agent)
+
+    async def compact(self, session_id: str, agent: Agent | None = None) -> CompactionOutcome:
+        """Compact the root agent's context of a finished turn now (``/compact``)."""
+        return await compact_session(self, session_id, agent)
+
+    async def approve(
+        self, session_id: str, call_id: str, *, deny: str | None = None
+    ) -> PendingApproval:
+        """Answer a tool call waiting for approval (``deny``: refuse it, with the reason
+        the model will see). Then ``resume(session_id)`` to continue.
+
+        Raises:
+            SessionNotFoundError: no such session; UserError: no such pending call.
+        """
+        if await self.store.get_session(session_id) is None:
             raise SessionNotFoundError(session_id)
-        if session.kind != "agent":
-            raise UserError(f"session {session_id} is a {session.kind} session, not an agent's")
-        root_agent = self.resolve_agent(session, agent)
-        root = await self._root_run(session_id)
-        if root is None or root.status == "running":
-            raise UserError(
-                f"session {session_id} has an unfinished turn: resume it first "
-                f"(anabranch resume {session_id})"
-            )
-        if root.status != "done":
-            raise UserError(f"session {session_id} failed ({root.error}); it cannot continue")
-        env = self.environment(session_id)
-        finished_root = root
+        if deny is not None and not isinstance(deny, str):
+            raise UserError("deny must be the reason, as a string")
+        return await decide(
+            self.store, session_id, call_id, approved=deny is None, reason=deny or ""
+        )
 
-        async def load_and_continue() -> AgentRun:
-            run = await AgentRun.load(env, root_agent, finished_root)
-            await run.continue_with(message)
-            return run
+    async def pending_approvals(self, session_id: str) -> list[PendingApproval]:
+        """The session's tool calls waiting for approval, oldest first."""
+        return await pending_approvals(self.store, session_id)
 
-        return await self._drive_agent(session_id, root_agent.name, load_and_continue, task=message)
 
     # ------------------------------------------------------------------ queued sessions
     async def submit(

@@ -20,6 +20,7 @@ from anabranch.store._records import RunStatus as RunStatus
 from anabranch.store._records import SessionRecord as SessionRecord
 from anabranch.store._records import SnapshotRecord as SnapshotRecord
 from anabranch.store._records import SpillRecord as SpillRecord
+from anabranch.store._records import ToolEvent as ToolEvent
 from anabranch.store._records import ToolEventRecord as ToolEventRecord
 from anabranch.store.sqlite import SQLiteStore as SQLiteStore
 
@@ -37,6 +38,7 @@ __all__ = [
     "SnapshotRecord",
     "SpillRecord",
     "Store",
+    "ToolEvent",
     "ToolEventRecord",
     "describe_db",
     "is_postgres_url",

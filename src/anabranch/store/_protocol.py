@@ -162,6 +162,13 @@ class Store(Protocol):
 
     async def tool_events(self, run_id: str, call_ids: Sequence[str]) -> list[ToolEventRecord]: ...
 
+    async def session_tool_events(
+        self, session_id: str, events: Sequence[str]
+    ) -> list[ToolEventRecord]:
+        """Every tool event of one of the ``events`` kinds in the session, oldest first
+        (e.g. pending approvals)."""
+        ...
+
     async def save_snapshot(self, snapshot: SnapshotRecord) -> None: ...
 
     async def latest_snapshot(self, run_id: str) -> SnapshotRecord | None: ...

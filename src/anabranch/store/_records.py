@@ -16,10 +16,13 @@ __all__ = [
     "SessionRecord",
     "SnapshotRecord",
     "SpillRecord",
+    "ToolEvent",
     "ToolEventRecord",
 ]
 
-RunStatus = Literal["running", "done", "failed", "cancelled"]
+RunStatus = Literal["running", "done", "failed", "cancelled", "waiting"]
+"""``waiting`` (sessions only): paused until a pending tool approval is answered."""
+ToolEvent = Literal["started", "finished", "approval_requested", "approval_decided"]
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ class ToolEventRecord:
     run_id: str
     call_id: str
     name: str
-    event: Literal["started", "finished"]
+    event: ToolEvent
     created: float
     content: str | None = None
     is_error: bool = False

@@ -282,6 +282,22 @@ class SQLiteHistory:
         )
         return [ToolEventRecord(**{**row, "is_error": bool(row["is_error"])}) for row in rows]
 
+    async def session_tool_events(
+        self, session_id: str, events: Sequence[str]
+    ) -> list[ToolEventRecord]:
+        if not events:
+            return []
+        marks = ", ".join("?" for _ in events)
+        rows = await self._sql.read(
+            lambda conn: fetch_rows(
+                conn,
+                f"SELECT * FROM tool_events WHERE event IN ({marks}) AND run_id IN "
+                "(SELECT id FROM runs WHERE session_id = ?) ORDER BY id",
+                (*events, session_id),
+            )
+        )
+        return [ToolEventRecord(**{**row, "is_error": bool(row["is_error"])}) for row in rows]
+
     # ----------------------------------------------------------------- snapshots
     async def save_snapshot(self, snapshot: SnapshotRecord) -> None:
         values = snapshot_row(snapshot)

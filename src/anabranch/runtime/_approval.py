@@ -1,0 +1,194 @@
+"""Human approval of tool calls (``@tool(needs_approval=...)``), durable across processes.
+
+Before a run executes the calls of a turn, every call that needs approval and has no
+decision is committed as an ``approval_requested`` tool event; the turn's other calls
+run, then the run stops with ``ApprovalPending`` (the session waits, resumable). An
+``approval_decided`` event answers it (``Runtime.approve`` / ``anabranch approve``); on
+resume an approved call runs, and a denied one reaches the model as an ``is_error``
+result carrying the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from opentelemetry import trace
+
+from anabranch import events as ev
+from anabranch.agents import Tool
+from anabranch.errors import ApprovalPending, UserError
+from anabranch.messages import ToolUseBlock
+from anabranch.runtime._builtins import ToolOutcome
+from anabranch.store import Store, ToolEventRecord
+
+if TYPE_CHECKING:
+    from anabranch.runtime._loop import AgentRun
+
+__all__ = [
+    "APPROVAL_DECIDED",
+    "APPROVAL_REQUESTED",
+    "ApprovalGate",
+    "PendingApproval",
+    "decide",
+    "gate_calls",
+    "needs_approval",
+    "pending_approvals",
+]
+
+APPROVAL_REQUESTED: Final = "approval_requested"
+APPROVAL_DECIDED: Final = "approval_decided"
+
+
+def needs_approval(tool: Tool | None, use: ToolUseBlock) -> bool:
+    """Whether ``use`` must wait for a person (a failing predicate counts as yes)."""
+    if tool is None or not tool.needs_approval:
+        return False
+    if tool.needs_approval is True:
+        return True
+    try:
+        return bool(tool.needs_approval(dict(use.input)))
+    except Exception:
+        return True
+
+
+def denial_text(reason: str) -> str:
+    return f"The user denied this tool call; it was not run. Reason: {reason or 'none given'}"
+
+
+@dataclass
+class ApprovalGate:
+    """What the approvals say about one turn's calls."""
+
+    denied: dict[str, ToolOutcome] = field(default_factory=dict)
+    waiting: list[ToolUseBlock] = field(default_factory=list)
+    nested: list[ApprovalPending] = field(default_factory=list)
+    """Sub-agents (run by this turn's calls) that stopped to wait for approval."""
+
+    def held(self, use: ToolUseBlock) -> bool:
+        return use.id in self.denied or any(w.id == use.id for w in self.waiting)
+
+    @contextmanager
+    def collecting(self) -> Iterator[None]:
+        """Run one call; a sub-agent's ``ApprovalPending`` is kept, so sibling calls finish."""
+        try:
+            yield
+        except ApprovalPending as pending:
+            self.nested.append(pending)
+
+    def raise_if_waiting(self, run: AgentRun) -> None:
+        """After the turn's other calls finished: stop the run if anything waits."""
+        calls = [(run.id, use.id, use.name) for use in self.waiting]
+        for pending in self.nested:
+            calls.extend(pending.calls)
+        if calls:
+            error = ApprovalPending(calls)
+            error.session_id = run.env.session_id
+            raise error
+
+
+async def gate_calls(
+    run: AgentRun, todo: Sequence[ToolUseBlock], known: Sequence[ToolEventRecord] | None
+) -> ApprovalGate:
+    """Decide, request or keep waiting for the calls of ``todo`` that need approval.
+
+    ``known``: the calls' committed tool events (None: the turn was just answered here,
+    so none can exist yet).
+    """
+    gate = ApprovalGate()
+    asking = [use for use in todo if needs_approval(run.agent.tool(use.name), use)]
+    if not asking:
+        return gate
+    events = list(known) if known is not None else []
+    requested = {e.call_id for e in events if e.event == APPROVAL_REQUESTED}
+    decided = {e.call_id: e for e in events if e.event == APPROVAL_DECIDED}
+    for use in asking:
+        decision = decided.get(use.id)
+        if decision is not None:
+            answer = json.loads(decision.content or "{}")
+            if not answer.get("approved"):
+                outcome = ToolOutcome(denial_text(answer.get("reason", "")), True)
+                await run.env.store.record_tool_event(
+                    ToolEventRecord(
+                        run_id=run.id,
+                        call_id=use.id,
+                        name=use.name,
+                        event="finished",
+                        created=time.time(),
+                        content=outcome.content,
+                        is_error=True,
+                    )
+                )
+                gate.denied[use.id] = outcome
+            continue
+        gate.waiting.append(use)
+        if use.id in requested:
+            continue
+        await run.env.store.record_tool_event(
+            ToolEventRecord(
+                run_id=run.id,
+                call_id=use.id,
+                name=use.name,
+                event=APPROVAL_REQUESTED,
+                created=time.time(),
+                content=json.dumps(use.input, sort_keys=True),
+            )
+        )
+        run.events.emit(ev.ApprovalRequested, call_id=use.id, tool=use.name, arguments=use.input)
+        run.env.tracing.event(
+            trace.get_current_span(),
+            "anabranch.approval_requested",
+            {"gen_ai.tool.call.id": use.id, "gen_ai.tool.name": use.name},
+        )
+    return gate
+
+
+@dataclass(frozen=True)
+class PendingApproval:
+    """A tool call waiting for a decision."""
+
+    run_id: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    requested: float
+
+
+async def pending_approvals(store: Store, session_id: str) -> list[PendingApproval]:
+    """Every undecided approval request of the session, oldest first."""
+    events = await store.session_tool_events(session_id, (APPROVAL_REQUESTED, APPROVAL_DECIDED))
+    decided = {(e.run_id, e.call_id) for e in events if e.event == APPROVAL_DECIDED}
+    return [
+        PendingApproval(e.run_id, e.call_id, e.name, json.loads(e.content or "{}"), e.created)
+        for e in events
+        if e.event == APPROVAL_REQUESTED and (e.run_id, e.call_id) not in decided
+    ]
+
+
+async def decide(
+    store: Store, session_id: str, call_id: str, *, approved: bool, reason: str = ""
+) -> PendingApproval:
+    """Commit the decision on ``call_id``'s pending approval.
+
+    Raises:
+        UserError: no pending approval with that call id in the session.
+    """
+    for item in await pending_approvals(store, session_id):
+        if item.call_id == call_id:
+            await store.record_tool_event(
+                ToolEventRecord(
+                    run_id=item.run_id,
+                    call_id=call_id,
+                    name=item.tool,
+                    event=APPROVAL_DECIDED,
+                    created=time.time(),
+                    content=json.dumps({"approved": approved, "reason": reason}),
+                    is_error=not approved,
+                )
+            )
+            return item
+    raise UserError(f"no tool call {call_id!r} is waiting for approval in session {session_id}")

@@ -1,0 +1,47 @@
+"""Read-only views of a session for people watching it: the root agent's context gauge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from anabranch.agents import Agent
+from anabranch.messages import Usage
+from anabranch.store import RunRecord, Store
+
+__all__ = ["ContextGauge", "context_gauge", "root_run"]
+
+
+@dataclass(frozen=True)
+class ContextGauge:
+    """How full the root agent's context is, as of its last answered call."""
+
+    run_id: str
+    tokens: int
+    window: int
+    threshold: int
+    messages: int
+    compactions: int
+
+
+async def root_run(store: Store, session_id: str) -> RunRecord | None:
+    runs = await store.list_runs(session_id)
+    return next((r for r in runs if r.parent_run_id is None and r.task_id is None), None)
+
+
+async def context_gauge(store: Store, session_id: str, agent: Agent) -> ContextGauge | None:
+    """The gauge of ``session_id``'s root run (None before its first answer)."""
+    root = await root_run(store, session_id)
+    if root is None:
+        return None
+    call = await store.last_call(root.id, ok=True)
+    if call is None or call.usage is None:
+        return None
+    usage = Usage.model_validate_json(call.usage)
+    return ContextGauge(
+        run_id=root.id,
+        tokens=usage.total_input_tokens + usage.output_tokens,
+        window=agent.context.window,
+        threshold=agent.context.threshold,
+        messages=call.message_count + 1,
+        compactions=await store.count_boundaries(root.id, "ok"),
+    )
