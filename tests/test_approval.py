@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from anabranch import Agent, Runtime, tool
-from anabranch.errors import ApprovalPending, ToolDefinitionError, UserError
+from anabranch.errors import ApprovalPendingError, ToolDefinitionError, UserError
 from anabranch.messages import ModelRequest, ToolResultBlock
 from anabranch.testing import FunctionModel
 
@@ -64,7 +64,7 @@ async def test_a_call_waits_for_approval_across_processes(tmp_path: Path) -> Non
     db = tmp_path / "a.db"
     seen: list[Any] = []
     async with Runtime(db=db, model=_script(*calls), on_event=seen.append) as rt:
-        with pytest.raises(ApprovalPending) as raised:
+        with pytest.raises(ApprovalPendingError) as raised:
             await rt.run(agent, "clean up")
         session_id = raised.value.session_id
         assert session_id is not None
@@ -95,7 +95,7 @@ async def test_a_denial_reaches_the_model_as_an_error_with_the_reason(tmp_path: 
     agent = Agent(name="dba", model="m", tools=[delete_table])
     model = _script(use("delete_table", "toolu_del", table="orders"))
     async with Runtime(db=tmp_path / "d.db", model=model, agents=[agent]) as rt:
-        with pytest.raises(ApprovalPending) as raised:
+        with pytest.raises(ApprovalPendingError) as raised:
             await rt.run(agent, "clean up")
         session_id = raised.value.session_id
         assert session_id is not None
@@ -113,7 +113,7 @@ async def test_a_predicate_decides_per_call(tmp_path: Path) -> None:
     agent = Agent(name="payer", model="m", tools=[pay])
     calls = (use("pay", "toolu_small", amount=5), use("pay", "toolu_big", amount=500))
     async with Runtime(db=tmp_path / "p.db", model=_script(*calls), agents=[agent]) as rt:
-        with pytest.raises(ApprovalPending) as raised:
+        with pytest.raises(ApprovalPendingError) as raised:
             await rt.run(agent, "pay both")
         assert [c[1] for c in raised.value.calls] == ["toolu_big"]
         assert RAN == ["pay 5"]
@@ -156,7 +156,7 @@ async def test_a_sub_agents_approval_pauses_the_session_and_its_sibling_finishes
         ],
     )
     async with Runtime(db=tmp_path / "s.db", model=model, agents=[supervisor]) as rt:
-        with anyio.fail_after(30), pytest.raises(ApprovalPending) as raised:
+        with anyio.fail_after(30), pytest.raises(ApprovalPendingError) as raised:
             await rt.run(supervisor, "go")
         session_id = raised.value.session_id
         assert session_id is not None

@@ -14,7 +14,7 @@ from anabranch.agents import standard_instruction_files as standard_instruction_
 from anabranch.agents import tool as tool
 from anabranch.context._compaction import CompactionEvent as CompactionEvent
 from anabranch.errors import AnabranchError as AnabranchError
-from anabranch.errors import ApprovalPending as ApprovalPending
+from anabranch.errors import ApprovalPendingError as ApprovalPendingError
 from anabranch.errors import CompactionFailedError as CompactionFailedError
 from anabranch.errors import DatabaseError as DatabaseError
 from anabranch.errors import LeaseLostError as LeaseLostError
@@ -62,7 +62,7 @@ from anabranch.runtime import TaskResult as TaskResult
 __all__ = [
     "Agent",
     "AnabranchError",
-    "ApprovalPending",
+    "ApprovalPendingError",
     "AnthropicModel",
     "Block",
     "CompactionEvent",

@@ -10,7 +10,7 @@
     ├── SessionError              a session cannot be driven by this process now
     │   ├── SessionBusyError      another live process holds the session's lease
     │   └── LeaseLostError        it was taken over while this process was stalled
-    ├── ApprovalPending           a run paused: tool calls wait for approval (resumable)
+    ├── ApprovalPendingError      a run paused: tool calls wait for approval (resumable)
     ├── RunError                  a run could not finish
     │   ├── RunFailedError        ``result.raise_for_status()`` of a session that ended failed
     │   ├── MaxTurnsExceeded
@@ -41,7 +41,7 @@ from typing import Protocol
 
 __all__ = [
     "AnabranchError",
-    "ApprovalPending",
+    "ApprovalPendingError",
     "CompactionFailedError",
     "DatabaseError",
     "LeaseLostError",
@@ -122,7 +122,7 @@ class ToolDefinitionError(UserError):
     """A Python function cannot be turned into a tool."""
 
 
-class ApprovalPending(AnabranchError):
+class ApprovalPendingError(AnabranchError):
     """The session paused: tool calls wait for a person's answer. Nothing is lost; answer
     with ``Runtime.approve`` (or ``anabranch approve``), then ``resume`` the session."""
 

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from anabranch.errors import ApprovalPending, UserError
+from anabranch.errors import ApprovalPendingError, UserError
 from anabranch.models._base import Model
 from anabranch.runtime._loader import load_object, split_reference
 from anabranch.runtime._report import SessionSummary
@@ -78,7 +78,7 @@ def session_json(summary: SessionSummary) -> dict[str, Any]:
     }
 
 
-def approval_hint(pending: ApprovalPending, db: str) -> str:
+def approval_hint(pending: ApprovalPendingError, db: str) -> str:
     """What to do about a session paused for approval (the CLI's message)."""
     session = pending.session_id or "<ID>"
     flag = "" if db == DEFAULT_DB else f" --db {db}"

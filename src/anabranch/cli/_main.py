@@ -29,7 +29,7 @@ from anabranch.cli._limits import declared_windows, window_labels
 from anabranch.cli._progress import add_progress_arguments, event_printer
 from anabranch.cli._tracing import add_trace_arguments, configure_from_args
 from anabranch.context._pricing import Cost, PriceTable
-from anabranch.errors import AnabranchError, ApprovalPending
+from anabranch.errors import AnabranchError, ApprovalPendingError
 from anabranch.messages import SystemBlock, ToolDefinition
 from anabranch.runtime._loader import load_object, split_reference
 from anabranch.runtime._report import RunNode, list_sessions, session_tree, tree_totals
@@ -390,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("anabranch: interrupted; resume with: anabranch resume <ID>", file=sys.stderr)
         return 130
-    except ApprovalPending as pending:
+    except ApprovalPendingError as pending:
         print(approval_hint(pending, args.db), file=sys.stderr)
         return 3
     except (AnabranchError, CliError) as exc:

@@ -1,5 +1,5 @@
 """Progress of a running session for the CLI: JSON-lines events, one-line notes on stderr,
-or (on a terminal) a live tree of runs."""
+or (on a terminal) a live tree of runs (``cli/_live.py``)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,12 @@ def event_printer(
 
         sinks.append(json_line)
     if not getattr(args, "quiet", False):
-        sinks.append(ProgressLines(err))
+        if err.isatty():
+            from anabranch.cli._live import LiveTree
+
+            sinks.append(LiveTree(err))
+        else:
+            sinks.append(ProgressLines(err))
     if not sinks:
         return None
 

@@ -2,7 +2,7 @@
 
 Before a run executes the calls of a turn, every call that needs approval and has no
 decision is committed as an ``approval_requested`` tool event; the turn's other calls
-run, then the run stops with ``ApprovalPending`` (the session waits, resumable). An
+run, then the run stops with ``ApprovalPendingError`` (the session waits, resumable). An
 ``approval_decided`` event answers it (``Runtime.approve`` / ``anabranch approve``); on
 resume an approved call runs, and a denied one reaches the model as an ``is_error``
 result carrying the reason.
@@ -21,7 +21,7 @@ from opentelemetry import trace
 
 from anabranch import events as ev
 from anabranch.agents import Tool
-from anabranch.errors import ApprovalPending, UserError
+from anabranch.errors import ApprovalPendingError, UserError
 from anabranch.messages import ToolUseBlock
 from anabranch.runtime._builtins import ToolOutcome
 from anabranch.store import Store, ToolEventRecord
@@ -66,7 +66,7 @@ class ApprovalGate:
 
     denied: dict[str, ToolOutcome] = field(default_factory=dict)
     waiting: list[ToolUseBlock] = field(default_factory=list)
-    nested: list[ApprovalPending] = field(default_factory=list)
+    nested: list[ApprovalPendingError] = field(default_factory=list)
     """Sub-agents (run by this turn's calls) that stopped to wait for approval."""
 
     def held(self, use: ToolUseBlock) -> bool:
@@ -74,10 +74,10 @@ class ApprovalGate:
 
     @contextmanager
     def collecting(self) -> Iterator[None]:
-        """Run one call; a sub-agent's ``ApprovalPending`` is kept, so sibling calls finish."""
+        """Run one call; a sub-agent's ``ApprovalPendingError`` is kept, so sibling calls finish."""
         try:
             yield
-        except ApprovalPending as pending:
+        except ApprovalPendingError as pending:
             self.nested.append(pending)
 
     def raise_if_waiting(self, run: AgentRun) -> None:
@@ -86,7 +86,7 @@ class ApprovalGate:
         for pending in self.nested:
             calls.extend(pending.calls)
         if calls:
-            error = ApprovalPending(calls)
+            error = ApprovalPendingError(calls)
             error.session_id = run.env.session_id
             raise error
 

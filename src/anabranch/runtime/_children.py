@@ -9,7 +9,7 @@ from typing import Literal
 
 from anabranch.agents import Agent
 from anabranch.context._tokens import CHARS_PER_TOKEN
-from anabranch.errors import ApprovalPending
+from anabranch.errors import ApprovalPendingError
 from anabranch.messages import Message, SystemBlock, ToolDefinition
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._loop import AgentRun
@@ -107,7 +107,7 @@ async def drive_to_outcome(run: AgentRun) -> RunOutcome:
     failing) is recorded on the run and returned; cancellation propagates untouched."""
     try:
         output = await run.drive()
-    except ApprovalPending:  # paused, not failed: the run stays resumable as it is
+    except ApprovalPendingError:  # paused, not failed: the run stays resumable as it is
         raise
     except TimeoutError as exc:
         timeout = run.agent.timeout

@@ -67,6 +67,7 @@ from anabranch.runtime._cache_watch import check_cache_break
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._memory import attach_relevant_memories
 from anabranch.runtime._run_events import RunEvents
+from anabranch.runtime._session_view import run_spend
 from anabranch.runtime._tool_exec import run_user_tool
 from anabranch.store import (
     CallRecord,
@@ -495,6 +496,8 @@ class AgentRun:
                     output = await self._loop()
                 self.events.run_done(output)
             tracing.agent_output(span, output)
+            spend = await run_spend(store, self.env.session_id, self.agent, self.id)
+            tracing.agent_spend(span, *spend)  # this run's own tokens and cost
             return output
 
     async def _loop(self) -> str:

@@ -15,7 +15,7 @@ import anyio
 
 from anabranch import events as ev
 from anabranch.context._pricing import PriceTable
-from anabranch.errors import ApprovalPending, ModelError
+from anabranch.errors import ApprovalPendingError, ModelError
 from anabranch.messages import ModelRequest, ModelResponse, ToolUseBlock
 from anabranch.runtime._events import EventBus
 from anabranch.runtime._view import RunView
@@ -35,7 +35,7 @@ def run_status_for(error: BaseException) -> Literal["failed", "cancelled", "stop
     """How a run that raised ``error`` stands: ``stopped`` runs are resumable as they are."""
     if isinstance(error, anyio.get_cancelled_exc_class()):
         return "cancelled"
-    if isinstance(error, ApprovalPending):
+    if isinstance(error, ApprovalPendingError):
         return "waiting"
     if isinstance(error, ModelError):
         return "stopped"

@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from anabranch.agents import Agent
+from anabranch.context._pricing import PriceTable
 from anabranch.messages import Usage
 from anabranch.store import RunRecord, Store
 
-__all__ = ["ContextGauge", "context_gauge", "root_run"]
+__all__ = ["ContextGauge", "context_gauge", "root_run", "run_spend"]
+
+_PRICES = PriceTable()
 
 
 @dataclass(frozen=True)
@@ -45,3 +48,13 @@ async def context_gauge(store: Store, session_id: str, agent: Agent) -> ContextG
         messages=call.message_count + 1,
         compactions=await store.count_boundaries(root.id, "ok"),
     )
+
+
+async def run_spend(
+    store: Store, session_id: str, agent: Agent, run_id: str
+) -> tuple[Usage, float | None]:
+    """Tokens and estimated USD of one run's own successful calls (None: unpriced)."""
+    sums = await store.sum_call_usage(session_id, tuple(Usage.model_fields), run_id=run_id)
+    usage = Usage(**sums)
+    cost = _PRICES.cost(agent.model, usage)
+    return usage, cost.total if cost is not None else None

@@ -290,6 +290,20 @@ class Tracing:
         ) as span:
             yield span
 
+    def agent_spend(self, span: Span, usage: Usage, cost: float | None) -> None:
+        """A run's own spend on its ``invoke_agent`` span (its sub-agents have theirs):
+        ``anabranch.`` names only, so UIs that sum the LLM spans do not count it twice."""
+        _safe_set(
+            span,
+            {
+                "anabranch.usage.input_tokens": usage.total_input_tokens,
+                "anabranch.usage.cache_read_input_tokens": usage.cache_read_input_tokens,
+                "anabranch.usage.cache_creation_input_tokens": usage.cache_creation_input_tokens,
+                "anabranch.usage.output_tokens": usage.output_tokens,
+                "anabranch.cost.usd": cost,
+            },
+        )
+
     def agent_output(self, span: Span, output: str, usage: Usage | None = None) -> None:
         attributes: dict[str, Any] = {}
         if self.capture_content:
@@ -498,6 +512,9 @@ class Tracing:
             "session.id": session_id,
             "anabranch.compaction.trigger": trigger,
             "anabranch.compaction.strategy": strategy,
+            # the cross-framework names (Google ADK's compact_events spans) next to ours
+            "gen_ai.compaction.trigger": trigger,
+            "gen_ai.compaction.strategy": strategy,
         }
         with self._span(f"compact {agent}", SpanKind.INTERNAL, attributes) as span:
             yield span
@@ -531,6 +548,10 @@ class Tracing:
                 "anabranch.compaction.kept": kept,
                 "anabranch.compaction.duration": duration,
                 "anabranch.compaction.failure": failure,
+                "gen_ai.compaction.tokens_before": tokens_before,
+                "gen_ai.compaction.tokens_after": tokens_after,
+                "gen_ai.compaction.event_count": messages_before,
+                "gen_ai.compaction.messages_after": messages_after,
                 "error.type": "compaction_failed" if failure is not None else None,
                 "input.value": _json(before),
                 "input.mime_type": "application/json",
