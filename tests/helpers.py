@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import os
 import re
+import signal
+import subprocess
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -69,3 +74,19 @@ async def sql(store: Store, query: str, params: Sequence[Any] = ()) -> list[dict
     """Read-only SQL on the store behind a runtime (these tests use the SQLite backend)."""
     assert isinstance(store, SQLiteStore), f"SQL checks need the SQLite store, not {store!r}"
     return await store.query(query, params)
+
+
+def kill_9_once_marked(process: subprocess.Popen[str], marker: Path, what: str) -> None:
+    """Wait (90 s at most) until ``process`` writes ``marker``, then ``kill -9`` it."""
+    try:
+        deadline = time.monotonic() + 90
+        while not marker.exists():
+            assert time.monotonic() < deadline, f"the process never reached {what}"
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.05)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL

@@ -4,13 +4,12 @@ finish the run (a real subprocess each time)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
+from .helpers import kill_9_once_marked
 from .test_cli import ROOT, anabranch
 
 AGENT_FILE = textwrap.dedent(
@@ -84,17 +83,8 @@ def test_an_approval_survives_kill_9_then_is_answered_and_resumed(tmp_path: Path
         text=True,
         env=_env(tmp_path),
     )
-    try:
-        deadline = time.monotonic() + 90
-        while not marker.exists():  # the approval request is committed before any call runs
-            assert time.monotonic() < deadline, "the run never reached its tools"
-            assert process.poll() is None, process.communicate()
-            time.sleep(0.05)
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    # the approval request is committed before any call of the turn runs
+    kill_9_once_marked(process, marker, "its tools")
     session_id = marker.read_text()
     listed = _cli(tmp_path, "approve", session_id, "--db", str(db))
     assert listed.returncode == 0, listed.stderr

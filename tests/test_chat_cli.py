@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
+from .helpers import kill_9_once_marked
 from .test_cli import ROOT, anabranch
 
 AGENT_FILE = textwrap.dedent(
@@ -89,21 +88,11 @@ def test_a_chat_killed_mid_turn_resumes_by_id(tmp_path: Path) -> None:
         text=True,
         env=env,
     )
-    try:
-        assert process.stdin is not None
-        process.stdin.write("hello\nplease block now\n")
-        process.stdin.flush()
-        deadline = time.monotonic() + 90
-        while not marker.exists():  # the tool of turn 2 is running: committed up to there
-            assert time.monotonic() < deadline, "the chat never reached its second turn"
-            assert process.poll() is None, process.communicate()
-            time.sleep(0.05)
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == -signal.SIGKILL
+    assert process.stdin is not None
+    process.stdin.write("hello\nplease block now\n")
+    process.stdin.flush()
+    # the tool of turn 2 runs: everything up to there is committed
+    kill_9_once_marked(process, marker, "its second turn")
     session_id = marker.read_text()
     resumed = _chat(agent, db, "and now?\n", "--session", session_id)
     assert resumed.returncode == 0, resumed.stderr

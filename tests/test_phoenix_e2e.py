@@ -3,7 +3,9 @@ multi-agent session with compactions (``examples/long_task.py``) exported to it 
 ``anabranch run --trace phoenix``, spans checked through Phoenix's REST API, and a
 compaction span's page rendered by headless Chromium.
 
-Needs the ``ui`` extra (Arize Phoenix); the browser part needs Debian's ``chromium``.
+Phoenix runs from its own environment, created on first use as ``anabranch ui`` does (in
+the real data home, so once per machine: a few minutes); the browser part needs Debian's
+``chromium``.
 The screenshot is written to ``artifacts/phoenix-trace.png`` (a CI artifact).
 """
 
@@ -47,6 +49,10 @@ COMPACTION_KEYS = (
     "anabranch.compaction.messages_before",
     "anabranch.compaction.messages_after",
     "anabranch.compaction.kept",
+    "gen_ai.compaction.trigger",
+    "gen_ai.compaction.strategy",
+    "gen_ai.compaction.tokens_before",
+    "gen_ai.compaction.tokens_after",
 )
 PROJECT = "anabranch-e2e"
 
@@ -55,12 +61,37 @@ PROJECT = "anabranch-e2e"
 def user_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A private data home (state file, Phoenix data) and a project of our own."""
     patch = pytest.MonkeyPatch()
+    # Phoenix's own environment stays where `anabranch ui` keeps it (installed once)
+    patch.setenv("ANABRANCH_PHOENIX_ENV", str(phoenix.phoenix_env()))
     data = tmp_path_factory.mktemp("data")
     patch.setenv("XDG_DATA_HOME", str(data))
     patch.setenv("PHOENIX_PROJECT_NAME", PROJECT)
     patch.delenv("PHOENIX_COLLECTOR_ENDPOINT", raising=False)
     yield data
     patch.undo()
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses with a TCP socket listening on ``port`` (from /proc/net)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                local, state = row.split()[1], row.split()[3]
+                address, hex_port = local.split(":")
+                if state != "0A" or int(hex_port, 16) != port:
+                    continue
+                if len(address) == 8 or address[:24] == "0000000000000000FFFF0000":  # IPv4
+                    found.add(".".join(str(b) for b in reversed(bytes.fromhex(address[-8:]))))
+                else:  # IPv6 (the all-zero address is every interface)
+                    found.add("::" if int(address, 16) == 0 else address)
+    return found
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
@@ -73,9 +104,8 @@ def _cli(*argv: str) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def phoenix_server(user_env: Path) -> Iterator[phoenix.PhoenixInfo]:
     """Phoenix started the way users start it: ``anabranch ui`` (here in the background)."""
-    if not phoenix.phoenix_available():
-        pytest.skip("Arize Phoenix is not installed: pip install -e '.[dev,ui]' to run this test")
     port = phoenix.free_port()
+    # installs Phoenix into its own environment first if this machine has none yet
     code, out, err = _cli("ui", "--background", "--port", str(port), "--start-timeout", "180")
     try:
         assert code == 0, err
@@ -83,6 +113,8 @@ def phoenix_server(user_env: Path) -> Iterator[phoenix.PhoenixInfo]:
         info = phoenix.running_phoenix()  # the state file `--trace phoenix` reads
         assert info is not None and info.port == port
         assert Path(info.working_dir).is_relative_to(user_env)  # under the user's data dir
+        assert _listening_addresses(info.grpc_port) == {"127.0.0.1"}  # never all interfaces
+        assert not _importable("phoenix"), "Phoenix leaked into the test environment"
         yield info
     finally:
         code, out, _ = _cli("ui", "--stop")

@@ -275,12 +275,15 @@ def test_free_port_prefers_the_default_but_avoids_a_busy_one() -> None:
     assert phoenix.free_port(taken) == taken
 
 
-def test_ui_without_phoenix_installed_says_how_to_install_it(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_ui_without_phoenix_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(phoenix, "phoenix_available", lambda: False)
-    assert main(["ui"]) == 1
-    assert "anabranch[ui]" in capsys.readouterr().err
+    monkeypatch.setenv("ANABRANCH_PHOENIX_ENV", str(tmp_path / "no-env"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no `phoenix` command either
+    assert not phoenix.phoenix_available()
+    assert main(["ui", "--no-install"]) == 1
+    assert "anabranch ui --install" in capsys.readouterr().err
+    assert not (tmp_path / "no-env").exists()
 
 
 def test_otlp_json_encodes_types_events_links_and_status(tmp_path: Path) -> None:

@@ -135,7 +135,7 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
         print("no sessions")
         return 0
     print(f"{'ID':<22} {'STATUS':<12} {'CREATED':<19} {'AGENTS':>6} {'TOKENS':>9}  ENTRY")
-    unfinished = []
+    unfinished, waiting = [], []
     for s in summaries:
         tokens = s.usage.total_input_tokens + s.usage.output_tokens
         print(
@@ -144,11 +144,17 @@ async def cmd_sessions(args: argparse.Namespace) -> int:
         )
         if s.status == "interrupted":
             unfinished.append(s.session.id)
+        if s.status == "waiting":
+            waiting.append(s.session.id)
+    db = "" if args.db == DEFAULT_DB else f" --db {shlex.quote(resumable_db(args.db))}"
     if unfinished:
-        db = "" if args.db == DEFAULT_DB else f" --db {shlex.quote(resumable_db(args.db))}"
         print("\nunfinished sessions; continue each where it stopped with:")
         for session_id in unfinished:
             print(f"  anabranch resume {shlex.quote(session_id)}{db}")
+    if waiting:
+        print("\nsessions waiting for a tool approval; list and answer them with:")
+        for session_id in waiting:
+            print(f"  anabranch approve {shlex.quote(session_id)}{db}")
     return 0
 
 

@@ -11,13 +11,16 @@ import anyio
 import anyio.to_thread
 
 from anabranch.ui._phoenix import (
+    PhoenixError,
     PhoenixServer,
     clear_state,
     data_home,
+    phoenix_env,
     running_phoenix,
     stop_recorded,
     write_state,
 )
+from anabranch.ui._phoenix_env import PhoenixInstallError, install_phoenix
 
 __all__ = ["cmd_ui", "register"]
 
@@ -37,7 +40,20 @@ async def _wait_until_stopped(server: PhoenixServer) -> None:
         group.cancel_scope.cancel()
 
 
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 async def cmd_ui(args: argparse.Namespace) -> int:
+    if args.install:
+        try:
+            python = await anyio.to_thread.run_sync(
+                lambda: install_phoenix(phoenix_env(), log=_progress)
+            )
+        except PhoenixInstallError as exc:
+            raise PhoenixError(str(exc)) from exc
+        print(f"Phoenix is installed in its own environment ({python})")
+        return 0
     if args.stop:
         stopped = stop_recorded()
         if stopped is None:
@@ -49,7 +65,15 @@ async def cmd_ui(args: argparse.Namespace) -> int:
     if existing is not None:
         print(f"Phoenix is already running at {existing.url} (pid {existing.pid})")
         return 0
-    server = PhoenixServer.start(args.data_dir, port=args.port, detach=args.background)
+    server = await anyio.to_thread.run_sync(
+        lambda: PhoenixServer.start(
+            args.data_dir,
+            port=args.port,
+            detach=args.background,
+            install=not args.no_install,
+            on_progress=_progress,
+        )
+    )
     print(f"starting Phoenix (data in {server.info.working_dir}) ...", file=sys.stderr, flush=True)
     try:
         info = await anyio.to_thread.run_sync(server.wait_ready, args.start_timeout)
@@ -86,7 +110,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         commands,
         "ui",
         cmd_ui,
-        "Start Arize Phoenix locally (offline) to inspect traces; needs anabranch[ui].",
+        "Start Arize Phoenix locally (offline) to inspect traces, from its own environment "
+        "(created on first use under the data dir).",
     )
     ui.add_argument(
         "--port", type=int, default=None, help="HTTP port (default 6006 if free, else any)"
@@ -99,6 +124,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     ui.add_argument("--background", action="store_true", help="Start it, print the URL and return")
     ui.add_argument("--stop", action="store_true", help="Stop the Phoenix started earlier")
+    ui.add_argument(
+        "--install",
+        action="store_true",
+        help=f"(Re)create Phoenix's own environment ({phoenix_env()}) and exit",
+    )
+    ui.add_argument(
+        "--no-install", action="store_true", help="Fail instead of installing Phoenix"
+    )
     ui.add_argument(
         "--start-timeout", type=float, default=120.0, help="Seconds to wait for it to start"
     )

@@ -1,18 +1,18 @@
 """Run Arize Phoenix locally and offline, and find the one ``anabranch ui`` started.
 
-Phoenix runs as a child process of the same Python (``python -m phoenix.server.main
-serve``) with telemetry, external resources, the agent assistant and server-side bash
-turned off, its HTTP server on 127.0.0.1 and its SQLite data under the user's data dir.
+Phoenix runs from its own environment (``_phoenix_env``: created under the data dir on
+first use, or a ``phoenix`` on PATH), never from the user's, with telemetry, external
+resources, the agent assistant and server-side bash turned off, its HTTP server on
+127.0.0.1 and its SQLite data under the user's data dir.
 A small state file tells ``anabranch run --trace phoenix`` where it listens.
 
-Note: Phoenix always binds its OTLP/gRPC port on all interfaces; anabranch sends over
-OTLP/HTTP only and picks a free gRPC port.
+Its OTLP/gRPC collector is bound to 127.0.0.1 by the launcher (Phoenix itself binds it on
+every interface); anabranch sends over OTLP/HTTP and picks a free gRPC port.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -22,13 +22,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
 from anabranch._process import pid_alive
 from anabranch.errors import UserError
+from anabranch.ui._phoenix_env import (
+    PhoenixInstallError,
+    find_phoenix_python,
+    install_phoenix,
+    serve_command,
+)
 
 __all__ = [
     "DEFAULT_PORT",
@@ -37,8 +43,10 @@ __all__ = [
     "PhoenixServer",
     "clear_state",
     "data_home",
+    "ensure_phoenix",
     "free_port",
     "phoenix_available",
+    "phoenix_env",
     "phoenix_environment",
     "read_state",
     "running_phoenix",
@@ -50,7 +58,10 @@ __all__ = [
 DEFAULT_PORT = 6006
 DEFAULT_GRPC_PORT = 4317
 HOST = "127.0.0.1"
-INSTALL_HINT = "Arize Phoenix is not installed; install it with: pip install 'anabranch[ui]'"
+INSTALL_HINT = (
+    "Arize Phoenix is not set up: `anabranch ui --install` creates its own environment "
+    "(a few minutes, once), or put a `phoenix` command on PATH"
+)
 
 
 class PhoenixError(UserError):
@@ -94,15 +105,28 @@ def state_path() -> Path:
     return data_home() / "phoenix-server.json"
 
 
+def phoenix_env() -> Path:
+    """Where ``anabranch ui`` keeps Phoenix's own environment."""
+    configured = os.environ.get("ANABRANCH_PHOENIX_ENV")
+    return Path(configured) if configured else data_home() / "phoenix-env"
+
+
 def phoenix_available() -> bool:
-    """Whether the ``ui`` extra (Arize Phoenix) is installed in this environment."""
-    try:  # look, don't import: importing phoenix takes seconds
-        spec = importlib.util.find_spec("phoenix")
-    except (ImportError, ValueError):
-        return False
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    return any((Path(p) / "server" / "main.py").exists() for p in spec.submodule_search_locations)
+    """Whether a Phoenix can be started without installing one (ours, or one on PATH)."""
+    return find_phoenix_python(phoenix_env()) is not None
+
+
+def ensure_phoenix(*, install: bool, log: Callable[[str], None]) -> Path:
+    """The Python that runs Phoenix, installing our environment first if allowed."""
+    python = find_phoenix_python(phoenix_env())
+    if python is not None:
+        return python
+    if not install:
+        raise PhoenixError(INSTALL_HINT)
+    try:
+        return install_phoenix(phoenix_env(), log=log)
+    except PhoenixInstallError as exc:
+        raise PhoenixError(str(exc)) from exc
 
 
 def _port_free(port: int) -> bool:
@@ -183,6 +207,8 @@ class PhoenixServer:
         grpc_port: int | None = None,
         detach: bool = False,
         extra_env: Mapping[str, str] | None = None,
+        install: bool = False,
+        on_progress: Callable[[str], None] = print,
     ) -> PhoenixServer:
         """Launch Phoenix (not yet ready: call ``wait_ready``).
 
@@ -191,9 +217,9 @@ class PhoenixServer:
             port: HTTP port (UI, REST, OTLP/HTTP); default 6006 if free, else any free port.
             grpc_port: OTLP/gRPC port; default 4317 if free, else any free port.
             detach: start it in its own session so it outlives this process.
+            install: create Phoenix's own environment first if there is none.
         """
-        if not phoenix_available():
-            raise PhoenixError(INSTALL_HINT)
+        python = ensure_phoenix(install=install, log=on_progress)
         work = Path(working_dir) if working_dir is not None else data_home() / "phoenix"
         _mkdir_private(work)
         http_port = port if port is not None else free_port(DEFAULT_PORT)
@@ -211,7 +237,7 @@ class PhoenixServer:
         log_file: IO[bytes] = open(log, "ab")
         try:
             process = subprocess.Popen(
-                [sys.executable, "-m", "phoenix.server.main", "serve"],
+                serve_command(python),
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,

@@ -2,9 +2,10 @@
 
 ``anabranch ui`` uses, in this order: the Python of a ``phoenix`` command on PATH (its
 script's interpreter), or the environment it created under the data directory
-(``<data home>/phoenix-env``), creating it on first use (``python -m venv`` and ``pip
-install``, a few minutes once). Phoenix's own dependency pins (it constrains ``anthropic``
-and pulls in ~150 packages) therefore never touch the environment anabranch runs in.
+(``<data home>/phoenix-env``, or ``$ANABRANCH_PHOENIX_ENV``), creating it on first use
+(``python -m venv`` and ``pip install``, a few minutes once). Phoenix's own dependency
+pins (it constrains ``anthropic``, and pulls in ~150 packages) therefore never touch the
+environment anabranch runs in.
 
 Phoenix is started through a small launcher (``LAUNCHER``) that binds its OTLP/gRPC
 collector to 127.0.0.1: Phoenix itself binds it on every interface.
@@ -24,7 +25,6 @@ __all__ = [
     "LAUNCHER",
     "PHOENIX_REQUIREMENT",
     "PhoenixInstallError",
-    "env_dir",
     "find_phoenix_python",
     "install_phoenix",
     "serve_command",
@@ -47,6 +47,10 @@ try:
         return _original(self, "127.0.0.1:" + port)
 
     _aio_server.Server.add_insecure_port = _loopback
+    _secure = _aio_server.Server.add_secure_port
+    _aio_server.Server.add_secure_port = lambda self, address, credentials: _secure(
+        self, "127.0.0.1:" + address.rsplit(":", 1)[-1], credentials
+    )
 except Exception as exc:  # an unknown grpc layout: refuse rather than listen everywhere
     sys.exit(f"anabranch: cannot bind Phoenix's gRPC collector to 127.0.0.1: {exc!r}")
 sys.argv = ["phoenix", "serve"]
@@ -58,42 +62,32 @@ class PhoenixInstallError(RuntimeError):
     """Creating Phoenix's environment failed (the message says why and how to retry)."""
 
 
-def env_dir(data_home: Path) -> Path:
-    return data_home / "phoenix-env"
-
-
 def _env_python(env: Path) -> Path:
     return env / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
 
 
 def _script_python(script: str) -> Path | None:
-    """The interpreter a console script runs with (its ``#!`` line)."""
+    """The interpreter a console script runs with (its ``#!`` line, ``env`` resolved)."""
     try:
         with open(script, "rb") as handle:
             first = handle.readline(4096).decode("utf-8", "replace").strip()
     except OSError:
         return None
-    if not first.startswith("#!"):
-        return None
-    parts = first[2:].split()
-    if not parts:
-        return None
-    candidate = Path(parts[-1] if parts[0].endswith("/env") else parts[0])
-    if parts[0].endswith("/env"):
+    parts = first[2:].split() if first.startswith("#!") else []
+    if parts and Path(parts[0]).name == "env" and len(parts) > 1:
         found = shutil.which(parts[-1])
         return Path(found) if found else None
-    return candidate if candidate.exists() else None
+    return Path(parts[0]) if parts and Path(parts[0]).exists() else None
 
 
-def find_phoenix_python(data_home: Path) -> Path | None:
-    """The Python that runs Phoenix: a ``phoenix`` on PATH, else our environment (None:
-    neither exists yet)."""
+def find_phoenix_python(env: Path) -> Path | None:
+    """The Python that runs Phoenix: a ``phoenix`` on PATH, else the environment ``env``
+    (None: neither exists yet)."""
     on_path = shutil.which("phoenix")
     if on_path:
         python = _script_python(on_path)
         if python is not None:
             return python
-    env = env_dir(data_home)
     python = _env_python(env)
     if (env / MARKER).exists() and python.exists():
         return python
@@ -101,19 +95,18 @@ def find_phoenix_python(data_home: Path) -> Path | None:
 
 
 def install_phoenix(
-    data_home: Path,
+    env: Path,
     *,
     requirement: str = PHOENIX_REQUIREMENT,
     log: Callable[[str], None] = print,
     timeout: float = 900.0,
 ) -> Path:
-    """Create ``<data home>/phoenix-env`` with Phoenix in it; returns its Python.
+    """Create the environment ``env`` with Phoenix in it; returns its Python.
 
     Raises:
         PhoenixInstallError: venv or pip failed (pip's last lines in the message).
     """
-    env = env_dir(data_home)
-    data_home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    env.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if env.exists() and not (env / MARKER).exists():
         shutil.rmtree(env)  # a half-made environment from an interrupted install
     log(f"installing {requirement} into {env} (once; this takes a few minutes) ...")
