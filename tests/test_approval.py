@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from anabranch import Agent, Runtime, tool
+from anabranch import Agent, RunResult, Runtime, tool
 from anabranch.errors import ApprovalPendingError, ToolDefinitionError, UserError
 from anabranch.messages import ModelRequest, ToolResultBlock
 from anabranch.testing import FunctionModel
@@ -53,6 +53,15 @@ def _script(*calls: Any) -> FunctionModel:
     return FunctionModel(answer)
 
 
+def waiting(result: RunResult) -> ApprovalPendingError:
+    """The session paused for approval: ``raise_for_status()`` names the waiting calls."""
+    assert result.status == "waiting", (result.status, result.error)
+    with pytest.raises(ApprovalPendingError) as raised:
+        result.raise_for_status()
+    assert raised.value.session_id == result.session_id
+    return raised.value
+
+
 @pytest.fixture(autouse=True)
 def _reset() -> None:
     RAN.clear()
@@ -64,11 +73,10 @@ async def test_a_call_waits_for_approval_across_processes(tmp_path: Path) -> Non
     db = tmp_path / "a.db"
     seen: list[Any] = []
     async with Runtime(db=db, model=_script(*calls), on_event=seen.append) as rt:
-        with pytest.raises(ApprovalPendingError) as raised:
-            await rt.run(agent, "clean up")
-        session_id = raised.value.session_id
+        pending = waiting(await rt.run(agent, "clean up"))
+        session_id = pending.session_id
         assert session_id is not None
-        assert [c[1:] for c in raised.value.calls] == [("toolu_del", "delete_table")]
+        assert [c[1:] for c in pending.calls] == [("toolu_del", "delete_table")]
         pending = await rt.pending_approvals(session_id)
         session = await rt.store.get_session(session_id)
     assert RAN == ["look x"]  # the other call of the turn ran; the gated one did not
@@ -95,9 +103,7 @@ async def test_a_denial_reaches_the_model_as_an_error_with_the_reason(tmp_path: 
     agent = Agent(name="dba", model="m", tools=[delete_table])
     model = _script(use("delete_table", "toolu_del", table="orders"))
     async with Runtime(db=tmp_path / "d.db", model=model, agents=[agent]) as rt:
-        with pytest.raises(ApprovalPendingError) as raised:
-            await rt.run(agent, "clean up")
-        session_id = raised.value.session_id
+        session_id = waiting(await rt.run(agent, "clean up")).session_id
         assert session_id is not None
         await rt.approve(session_id, "toolu_del", deny="orders is production data")
         result = await rt.resume(session_id)
@@ -113,11 +119,10 @@ async def test_a_predicate_decides_per_call(tmp_path: Path) -> None:
     agent = Agent(name="payer", model="m", tools=[pay])
     calls = (use("pay", "toolu_small", amount=5), use("pay", "toolu_big", amount=500))
     async with Runtime(db=tmp_path / "p.db", model=_script(*calls), agents=[agent]) as rt:
-        with pytest.raises(ApprovalPendingError) as raised:
-            await rt.run(agent, "pay both")
-        assert [c[1] for c in raised.value.calls] == ["toolu_big"]
+        pending = waiting(await rt.run(agent, "pay both"))
+        assert [c[1] for c in pending.calls] == ["toolu_big"]
         assert RAN == ["pay 5"]
-        session_id = raised.value.session_id
+        session_id = pending.session_id
         assert session_id is not None
         await rt.approve(session_id, "toolu_big")
         result = await rt.resume(session_id)
@@ -156,9 +161,8 @@ async def test_a_sub_agents_approval_pauses_the_session_and_its_sibling_finishes
         ],
     )
     async with Runtime(db=tmp_path / "s.db", model=model, agents=[supervisor]) as rt:
-        with anyio.fail_after(30), pytest.raises(ApprovalPendingError) as raised:
-            await rt.run(supervisor, "go")
-        session_id = raised.value.session_id
+        with anyio.fail_after(30):
+            session_id = waiting(await rt.run(supervisor, "go")).session_id
         assert session_id is not None
         runs = {r.agent_name: r for r in await rt.store.list_runs(session_id)}
         assert runs["reader"].status == "done" and runs["dba"].status == "running"

@@ -86,8 +86,10 @@ async def test_the_approval_wait_is_a_span_event(tmp_path: Path) -> None:
     async with Runtime(
         db=tmp_path / "a.db", model=FunctionModel(answer), tracer_provider=provider
     ) as rt:
-        with pytest.raises(ApprovalPendingError):
-            await rt.run(agent, "go")
+        result = await rt.run(agent, "go")
+    assert result.status == "waiting"
+    with pytest.raises(ApprovalPendingError):
+        result.raise_for_status()
     events = [e for s in exporter.get_finished_spans() for e in s.events]
     waits = [e for e in events if e.name == "anabranch.approval_requested"]
     assert len(waits) == 1

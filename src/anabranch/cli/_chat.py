@@ -15,7 +15,7 @@ from typing import Any, TextIO
 import anyio
 
 from anabranch.agents import Agent
-from anabranch.cli._common import CliError, add_command, offline_model
+from anabranch.cli._common import CliError, add_command, offline_model, output_text
 from anabranch.cli._progress import ProgressLines
 from anabranch.context._pricing import PriceTable
 from anabranch.runtime._loader import load_object, split_reference
@@ -60,7 +60,7 @@ class Chat:
             result = await self.rt.run(self.agent, text, source=self.source, on_session=announce)
         else:
             result = await self.rt.send(self.session_id, text, agent=self.agent)
-        return result.output
+        return output_text(result.raise_for_status().output)
 
     async def finish_interrupted(self) -> str | None:
         """A turn a killed process left unanswered is answered now (None: there was none)."""
@@ -79,7 +79,7 @@ class Chat:
         if root is not None and root.status != "running":
             return None
         result = await self.rt.resume(self.session_id, self.agent)
-        return result.output
+        return output_text(result.raise_for_status().output)
 
     async def gauge(self) -> ContextGauge | None:
         if self.session_id is None:

@@ -7,6 +7,8 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import pydantic
+
 from anabranch.errors import ApprovalPendingError, UserError
 from anabranch.models._base import Model
 from anabranch.runtime._loader import load_object, split_reference
@@ -90,3 +92,10 @@ def approval_hint(pending: ApprovalPendingError, db: str) -> str:
         f"then: anabranch resume {session}{flag}"
     )
     return "\n".join(lines)
+
+
+def output_text(output: object) -> str:
+    """A run's answer as printed: a structured answer as indented JSON."""
+    if isinstance(output, pydantic.BaseModel):
+        return output.model_dump_json(indent=2)
+    return str(output)

@@ -22,6 +22,7 @@ from anabranch.cli._common import (
     add_command,
     approval_hint,
     offline_model,
+    output_text,
     session_json,
 )
 from anabranch.cli._inspect import print_messages, print_session_json
@@ -89,7 +90,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         result = await rt.run(definition, args.task, source=source, on_session=announce)
     result.raise_for_status()
     if not args.events:
-        print(_output_text(result.output))
+        print(output_text(result.output))
     return 0
 
 
@@ -117,7 +118,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
         await rt.aclose()
     result.raise_for_status()
     if not args.events:
-        print(_output_text(result.output))
+        print(output_text(result.output))
     return 0
 
 
@@ -219,13 +220,6 @@ def _print_node(
         )
     for i, child in enumerate(node.children):
         _print_node(child, child_indent, i == len(node.children) - 1, False, calls, windows)
-
-
-def _output_text(output: object) -> str:
-    """A run's answer as printed: a structured answer as indented JSON."""
-    if isinstance(output, pydantic.BaseModel):
-        return output.model_dump_json(indent=2)
-    return str(output)
 
 
 def _prices(path: str | None) -> PriceTable:

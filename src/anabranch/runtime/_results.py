@@ -13,7 +13,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from anabranch.errors import RunFailedError
+from anabranch.errors import ApprovalPendingError, RunFailedError
 from anabranch.messages import Usage
 from anabranch.runtime._report import summarizer_usage
 from anabranch.store import Store
@@ -28,7 +28,8 @@ __all__ = [
     "session_usage",
 ]
 
-SessionStatus = Literal["done", "failed"]
+SessionStatus = Literal["done", "failed", "waiting"]
+"""``waiting``: paused until a pending tool approval is answered (then ``resume``)."""
 
 
 class RunResult(BaseModel):
@@ -40,7 +41,7 @@ class RunResult(BaseModel):
     session_id: str
     run_id: str
     agent: str
-    status: Literal["done", "failed"]
+    status: SessionStatus
     output: Any
     """The final answer: its text, or, for an agent with an ``output_type``, an instance of
     that model, validated (the text when the run failed)."""
@@ -55,9 +56,16 @@ class RunResult(BaseModel):
 
     def raise_for_status(self) -> Self:
         """Return the result if the session is done; raise ``RunFailedError`` (chained to
-        the original exception, when it happened in this process) if it failed."""
+        the original exception, when it happened in this process) if it failed, and
+        ``ApprovalPendingError`` (naming the waiting calls) if it waits for an approval."""
         if self.status == "failed":
             raise RunFailedError(self) from self._cause
+        if self.status == "waiting":
+            if isinstance(self._cause, ApprovalPendingError):
+                raise self._cause
+            pending = ApprovalPendingError([])
+            pending.session_id = self.session_id
+            raise pending
         return self
 
 

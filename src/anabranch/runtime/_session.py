@@ -7,7 +7,8 @@ Driving a session, in order:
 2. Record ``running`` and run the body, while a sibling task renews the lease every third
    of its ttl.
 3. The body returns how the session ended (``SessionEnd``); an exception from it is a
-   ``failed`` end carrying the exception. Record that status (with output or error).
+   ``failed`` end carrying the exception (``ApprovalPendingError``: a ``waiting`` end, the
+   session paused until the approval is answered). Record that status.
 4. Cleanup is shielded from cancellation: a cancelled drive records ``cancelled`` and
    always releases the lease.
 5. Lease loss (a renewal finds another owner: this process stalled past its ttl and was
@@ -26,7 +27,12 @@ from typing import TypeVar
 
 import anyio
 
-from anabranch.errors import AnabranchError, LeaseLostError, SessionBusyError
+from anabranch.errors import (
+    AnabranchError,
+    ApprovalPendingError,
+    LeaseLostError,
+    SessionBusyError,
+)
 from anabranch.runtime._event_stream import SessionAnnouncer
 from anabranch.runtime._events import EventBus, EventCallback
 from anabranch.runtime._results import RunResult, SessionStatus
@@ -136,6 +142,8 @@ class SessionDriver:
                     group.start_soon(keep_lease, group.cancel_scope)
                     try:
                         end = await body()
+                    except ApprovalPendingError as pending:  # paused, not failed
+                        end = SessionEnd("waiting", error=str(pending), cause=pending)
                     except Exception as exc:
                         end = SessionEnd.failure(exc)
                     finally:
