@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import pty
+import re
+import select
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from .helpers import kill_9_once_marked
@@ -100,3 +104,57 @@ def test_a_chat_killed_mid_turn_resumes_by_id(tmp_path: Path) -> None:
         "answer 2: please block now",  # the killed turn, finished
         "answer 3: and now?",
     ]
+
+
+def test_on_a_terminal_the_prompt_shows_the_gauge_and_slash_commands_work(
+    tmp_path: Path,
+) -> None:
+
+    agent = tmp_path / "talk.py"
+    agent.write_text(AGENT_FILE)
+    db = tmp_path / "tty.db"
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    env["CHAT_MARKER"] = str(db.with_suffix(".marker"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "anabranch", "chat", f"{agent}:talker", "--offline"]
+        + ["--db", str(db)],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+    )
+    os.close(slave)
+    screen = b""
+
+    def read_until(text: bytes) -> None:
+        nonlocal screen
+        deadline = time.monotonic() + 60
+        while text not in screen:
+            assert time.monotonic() < deadline, f"never saw {text!r}: {screen[-400:]!r}"
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                screen += os.read(master, 65536)
+
+    try:
+        read_until(b"> ")
+        os.write(master, b"hello\n")
+        read_until(b"answer 1: hello")
+        read_until(b"[context ")  # the gauge before the next prompt
+        os.write(master, b"/context\n")
+        read_until(b"compactions, run run_")
+        os.write(master, b"/cost\n")
+        read_until(b"so far; in=")
+        os.write(master, b"/compact\n")
+        read_until(b"compact")
+        os.write(master, b"/nope\n")
+        read_until(b"unknown command /nope")
+        os.write(master, b"/quit\n")
+        process.wait(timeout=30)
+    finally:
+        os.close(master)
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0
+    assert re.search(rb"\[context \d+(\.\d+k)? / \d+k\] > ", screen), screen[-600:]

@@ -96,7 +96,19 @@ class Chat:
             return True
         if name == "/compact":
             outcome = await self.rt.compact(self.session_id, self.agent)
-            print(outcome, file=self.out)
+            boundary = (
+                await self.rt.store.get_boundary(outcome.boundary_id)
+                if outcome.boundary_id is not None
+                else None
+            )
+            if outcome.applied and boundary is not None:
+                print(
+                    f"compacted: {_k(boundary.tokens_before or 0)} → "
+                    f"{_k(boundary.tokens_after or 0)} tokens (boundary #{boundary.id})",
+                    file=self.out,
+                )
+            else:
+                print(f"not compacted: {outcome.failure or 'nothing to compact'}", file=self.out)
         elif name == "/context":
             gauge = await self.gauge()
             if gauge is not None:
