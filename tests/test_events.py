@@ -251,3 +251,36 @@ def test_subscription_merges_only_behind_its_own_run() -> None:
     assert len(sub) == 4
     sub.put(delta("other-session", "z").model_copy(update={"session_id": "t"}))
     assert len(sub) == 4
+
+
+async def test_thinking_arrives_as_thinking_deltas(tmp_path: Path) -> None:
+    import json
+
+    from anabranch import ModelSettings
+
+    agent = Agent(
+        name="thinker",
+        model="claude-sonnet-5-5",
+        max_tokens=8_000,
+        model_settings=ModelSettings(thinking_budget=2_048),
+    )
+    async with MessagesServer(policy=TestModel(rounds=0)) as srv:
+        model = AnthropicModel(base_url=srv.base_url, api_key="test")
+        try:
+            async with Runtime(db=tmp_path / "k.db", model=model) as rt:
+                with anyio.fail_after(30):
+                    async with rt.stream(agent, "why do tides turn?") as events:
+                        collected = [e async for e in events]
+                assert events.result is not None
+                records = await rt.store.load_messages(events.result.run_id)
+        finally:
+            await model.aclose()
+    (answer,) = [json.loads(r.content) for r in records if r.role == "assistant"]
+    thought = "".join(b["thinking"] for b in answer if b["type"] == "thinking")
+    assert thought, "the model did not think"
+    deltas = [e for e in collected if e.kind == "thinking_delta"]
+    assert "".join(d.text for d in deltas) == thought
+    text = [e for e in collected if e.kind == "text_delta"]
+    assert "".join(d.text for d in text) == "".join(
+        b["text"] for b in answer if b["type"] == "text"
+    )
