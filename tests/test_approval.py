@@ -77,10 +77,10 @@ async def test_a_call_waits_for_approval_across_processes(tmp_path: Path) -> Non
         session_id = pending.session_id
         assert session_id is not None
         assert [c[1:] for c in pending.calls] == [("toolu_del", "delete_table")]
-        pending = await rt.pending_approvals(session_id)
+        listed = await rt.pending_approvals(session_id)
         session = await rt.store.get_session(session_id)
     assert RAN == ["look x"]  # the other call of the turn ran; the gated one did not
-    assert [(p.call_id, p.tool, p.arguments) for p in pending] == [
+    assert [(p.call_id, p.tool, p.arguments) for p in listed] == [
         ("toolu_del", "delete_table", {"table": "users"})
     ]
     assert session is not None and session.status == "waiting"
@@ -178,7 +178,9 @@ async def test_approve_validates_its_input(tmp_path: Path) -> None:
             await rt.approve("ses_missing", "toolu_x")
     with pytest.raises(ToolDefinitionError):
 
-        @tool(needs_approval="yes")  # type: ignore[arg-type]
+        not_a_decision: Any = "yes"
+
+        @tool(needs_approval=not_a_decision)
         def bad() -> str:
             """Bad."""
             return ""

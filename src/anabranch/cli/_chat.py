@@ -68,7 +68,7 @@ class Chat:
             return None
         session = await self.rt.store.get_session(self.session_id)
         if session is None:
-            raise CliError(f"no session {self.session_id!r} in {self.rt.db_path}")
+            raise CliError(f"no session {self.session_id!r} in {self.rt.db}")
         if session.entry != self.agent.name:
             raise CliError(
                 f"session {self.session_id} talks to agent {session.entry!r}, "
@@ -187,7 +187,7 @@ async def cmd_chat(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``chat`` to the ``anabranch`` command."""
-    from anabranch.traces.configure import add_trace_arguments
+    from anabranch.cli._tracing import add_trace_arguments
 
     chat = add_command(
         commands,

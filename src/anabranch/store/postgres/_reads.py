@@ -212,6 +212,19 @@ class Reads:
         )
         return [ToolEventRecord(**row) for row in rows]
 
+    async def session_tool_events(
+        self, session_id: str, events: Sequence[str]
+    ) -> list[ToolEventRecord]:
+        if not events:
+            return []
+        rows = await self._all(
+            "SELECT id, run_id, call_id, name, event, content, is_error, created, attachments "
+            "FROM tool_events WHERE event = ANY(%s) AND run_id IN "
+            "(SELECT id FROM runs WHERE session_id = %s) ORDER BY id",
+            (list(events), session_id),
+        )
+        return [ToolEventRecord(**row) for row in rows]
+
     # ----------------------------------------------------------------- snapshots
     _SNAPSHOT_SQL = "SELECT id, run_id, version, reason, system, tools, created FROM snapshots"
 
