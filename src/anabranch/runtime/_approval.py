@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from opentelemetry import trace
 
@@ -24,10 +24,16 @@ from anabranch.agents import Tool
 from anabranch.errors import ApprovalPendingError, UserError
 from anabranch.messages import ToolUseBlock
 from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._run_events import RunEvents
+from anabranch.runtime._view import RunView
 from anabranch.store import Store, ToolEventRecord
 
-if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun
+
+class GatedRun(RunView, Protocol):
+    """What the approval gate reads of a run: its view and its event side."""
+
+    @property
+    def events(self) -> RunEvents: ...
 
 __all__ = [
     "APPROVAL_DECIDED",
@@ -80,19 +86,19 @@ class ApprovalGate:
         except ApprovalPendingError as pending:
             self.nested.append(pending)
 
-    def raise_if_waiting(self, run: AgentRun) -> None:
+    def raise_if_waiting(self, run: GatedRun) -> None:
         """After the turn's other calls finished: stop the run if anything waits."""
         calls = [(run.id, use.id, use.name) for use in self.waiting]
         for pending in self.nested:
             calls.extend(pending.calls)
         if calls:
             error = ApprovalPendingError(calls)
-            error.session_id = run.env.session_id
+            error.session_id = run.session_id
             raise error
 
 
 async def gate_calls(
-    run: AgentRun, todo: Sequence[ToolUseBlock], known: Sequence[ToolEventRecord] | None
+    run: GatedRun, todo: Sequence[ToolUseBlock], known: Sequence[ToolEventRecord] | None
 ) -> ApprovalGate:
     """Decide, request or keep waiting for the calls of ``todo`` that need approval.
 
@@ -112,7 +118,7 @@ async def gate_calls(
             answer = json.loads(decision.content or "{}")
             if not answer.get("approved"):
                 outcome = ToolOutcome(denial_text(answer.get("reason", "")), True)
-                await run.env.store.record_tool_event(
+                await run.store.record_tool_event(
                     ToolEventRecord(
                         run_id=run.id,
                         call_id=use.id,
@@ -128,7 +134,7 @@ async def gate_calls(
         gate.waiting.append(use)
         if use.id in requested:
             continue
-        await run.env.store.record_tool_event(
+        await run.store.record_tool_event(
             ToolEventRecord(
                 run_id=run.id,
                 call_id=use.id,
@@ -139,7 +145,7 @@ async def gate_calls(
             )
         )
         run.events.emit(ev.ApprovalRequested, call_id=use.id, tool=use.name, arguments=use.input)
-        run.env.tracing.event(
+        run.tracing.event(
             trace.get_current_span(),
             "anabranch.approval_requested",
             {"gen_ai.tool.call.id": use.id, "gen_ai.tool.name": use.name},

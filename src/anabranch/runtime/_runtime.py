@@ -28,7 +28,7 @@ from anabranch.runtime import _queued
 from anabranch.runtime._approval import PendingApproval, decide, pending_approvals
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.runtime._compactor import CompactingPipeline, CompactionOutcome
-from anabranch.runtime._conversation import compact_session, send_message, stream_session
+from anabranch.runtime._conversation import check_message, finished_root, stream_session
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._event_stream import EventStream
 from anabranch.runtime._events import EventBus, EventCallback
@@ -309,7 +309,10 @@ class Runtime:
         session is a result with ``status="failed"``, as from ``run``). Leaving the block
         early cancels the run (the session stays resumable).
         """
-        return stream_session(self, agent, task, session_id, message, source)
+        async def run(agent: Agent, task: str, on_session: Callable[[str], None]) -> RunResult:
+            return await self.run(agent, task, source=source, on_session=on_session)
+
+        return stream_session(self.events, run, self.send, agent, task, session_id, message)
 
     async def run_graph(
         self,
@@ -388,11 +391,30 @@ class Runtime:
             UserError: not an agent session, or its last turn is unfinished (resume it)
                 or failed.
         """
-        return await send_message(self, session_id, message, agent)
+        text = check_message(message)
+        root_agent, root = await finished_root(
+            self.store, session_id, lambda session: self.resolve_agent(session, agent)
+        )
+        env = self.environment(session_id)
+
+        async def load_and_continue() -> AgentRun:
+            run = await AgentRun.load(env, root_agent, root)
+            await run.continue_with(text)
+            return run
+
+        return await self._drive_agent(session_id, root_agent.name, load_and_continue, task=text)
 
     async def compact(self, session_id: str, agent: Agent | None = None) -> CompactionOutcome:
         """Compact the root agent's context of a finished turn now (``/compact``)."""
-        return await compact_session(self, session_id, agent)
+        root_agent, root = await finished_root(
+            self.store, session_id, lambda session: self.resolve_agent(session, agent)
+        )
+        if not isinstance(self.pipeline, CompactingPipeline):
+            return CompactionOutcome(applied=False, failure="this pipeline cannot compact")
+        async with self._driver.lease(session_id):
+            run = await AgentRun.load(self.environment(session_id), root_agent, root)
+            async with run.events.compactions():
+                return await self.pipeline.compact(run, trigger="manual")
 
     async def approve(
         self, session_id: str, call_id: str, *, deny: str | None = None
