@@ -39,6 +39,7 @@ GATEWAY_WINDOW = 2_000
 WINDOWED = "claude-sonnet-5-5"
 FINDING = re.compile(r"FINDING (?:archivist|analyst) \w+")
 FAILING = "claude-haiku-4-5"
+FLAKY = "claude-opus-4-8"
 
 
 def _per_agent_policy() -> FunctionModel:
@@ -58,6 +59,7 @@ class Gateway:
     base_url: str
     clean: MessagesServer
     failing: MessagesServer
+    flaky: MessagesServer
     log_path: Path
 
 
@@ -70,13 +72,23 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         failing_cm = portal.wrap_async_context_manager(
             MessagesServer(TestModel(), fault_rate=1.0, fault_kinds=["overloaded"])
         )
-        with clean_cm as clean, failing_cm as failing:
+        flaky_cm = portal.wrap_async_context_manager(
+            MessagesServer(
+                TestModel(rounds=4),
+                fault_rate=0.2,
+                seed=2,  # faults at the 3rd, 5th, 9th and 10th upstream calls
+                fault_kinds=["overloaded", "server_error", "rate_limit"],
+                retry_after=0.2,
+            )
+        )
+        with clean_cm as clean, failing_cm as failing, flaky_cm as flaky:
             deployments = [
                 Deployment(WINDOWED, clean.base_url, max_input_tokens=GATEWAY_WINDOW),
                 Deployment(FAILING, failing.base_url),
+                Deployment(FLAKY, flaky.base_url),
             ]
             with running_proxy(deployments, workdir) as proxy:
-                yield Gateway(proxy.base_url, clean, failing, proxy.log_path)
+                yield Gateway(proxy.base_url, clean, failing, flaky, proxy.log_path)
 
 
 @tool
@@ -212,3 +224,33 @@ async def test_a_sustained_fault_through_the_gateway_is_not_amplified(
     upstream = len(gateway.failing.log) - before
     assert upstream <= FAST.max_attempts, upstream
     assert upstream >= 2  # the gateway did retry beneath us, and so did we
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_fault_rate_of_one_in_five_through_the_gateway_stays_within_the_bound(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    """Faults on a fifth of the upstream calls: the session finishes, and no model call
+    reached the upstream more than ``max_attempts`` times (LiteLLM's retries included)."""
+    agent = Agent(
+        name="worker",
+        model=FLAKY,
+        instructions="Research the topic with your tools, then report.",
+        tools=[search_ledger],
+        context=_policy(50_000),
+    )
+    model = AnthropicModel(base_url=gateway.base_url, api_key=MASTER_KEY)
+    before = len(gateway.flaky.log)
+    try:
+        with anyio.fail_after(180):
+            async with Runtime(db=tmp_path / "flaky.db", model=model, retry=FAST) as rt:
+                result = await rt.run(agent, "Survey the ledger")
+                calls = await rt.store.session_calls(result.session_id)
+    finally:
+        await model.aclose()
+    assert result.status == "done", result.error
+    served = gateway.flaky.log[before:]
+    faulted = [r for r in served if r.fault is not None]
+    assert faulted, "the seeded plan should have failed some upstream calls"
+    turns = {(c.run_id, c.turn) for c in calls}
+    assert len(served) <= FAST.max_attempts * len(turns), (len(served), len(turns))
