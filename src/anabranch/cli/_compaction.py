@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from anabranch.cli._common import CliError, add_command
 from anabranch.errors import SessionNotFoundError
+from anabranch.runtime._history import boundary_extra
 from anabranch.runtime._runtime import Runtime
 from anabranch.runtime._views import compaction_views
 from anabranch.store import BoundaryRecord
@@ -16,7 +16,7 @@ __all__ = ["register"]
 
 
 def _outcome(boundary: BoundaryRecord) -> str:
-    extra: dict[str, Any] = json.loads(boundary.extra) if boundary.extra else {}
+    extra = boundary_extra(boundary)
     if boundary.kind == "breaker":
         return f"breaker open ({extra.get('failures')} failures; policy {extra.get('policy')})"
     if boundary.kind == "rewind":

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from anabranch.runtime._history import session_outline
 from anabranch.store import ContextLimitRecord, SessionRecord
 
 __all__ = ["declared_windows", "window_labels"]
@@ -26,7 +26,7 @@ def declared_windows(session: SessionRecord) -> dict[str, int]:
             for child in node.get(key) or ():
                 walk(child)
 
-    walk(json.loads(session.definition))
+    walk(session_outline(session))
     return windows
 
 

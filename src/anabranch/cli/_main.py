@@ -31,7 +31,7 @@ from anabranch.cli._progress import add_progress_arguments, event_printer
 from anabranch.cli._tracing import add_trace_arguments, configure_from_args
 from anabranch.context._pricing import Cost, PriceTable
 from anabranch.errors import AnabranchError, ApprovalPendingError
-from anabranch.messages import SystemBlock, ToolDefinition
+from anabranch.runtime._history import session_outline, snapshot_blocks
 from anabranch.runtime._loader import load_object, split_reference
 from anabranch.runtime._report import RunNode, list_sessions, session_tree, tree_totals
 from anabranch.runtime._runtime import DEFAULT_DB, Runtime
@@ -246,12 +246,11 @@ async def _print_snapshots(store: Store, session: SessionRecord, run: RunRecord 
             f"run {record.id} ({record.agent_name})  snapshot v{snapshot.version} "
             f"({snapshot.reason}, {_when(snapshot.created)})"
         )
-        blocks = [SystemBlock.model_validate(b) for b in json.loads(snapshot.system)]
+        blocks, tools = snapshot_blocks(snapshot)
         for index, block in enumerate(blocks):
             kind = "static" if index == 0 and len(blocks) > 1 else "dynamic" if index else "system"
             print(f"--- system block {index + 1} ({kind}) ---")
             print(block.text)
-        tools = [ToolDefinition.model_validate(t) for t in json.loads(snapshot.tools)]
         print(f"--- tools ({len(tools)}): {', '.join(t.name for t in tools) or 'none'}")
     others = len(runs) - len(shown)
     if others:
@@ -300,7 +299,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
         _print_node(root, "", True, True, args.calls, windows)
     if session.kind == "graph" and session.definition:
         ran = {root.run.task_id for root in roots}
-        for task in json.loads(session.definition).get("tasks", []):
+        for task in session_outline(session).get("tasks", []):
             if task["id"] not in ran:
                 print(f"{task['id']}: {task['agent']} [not run]")
     print(

@@ -7,7 +7,6 @@ emitted as a span event.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from anabranch.context._cache import (
@@ -19,7 +18,8 @@ from anabranch.context._cache import (
     system_digest,
     tools_digest,
 )
-from anabranch.messages import ModelResponse, SystemBlock, ToolDefinition, Usage
+from anabranch.messages import ModelResponse
+from anabranch.runtime._history import call_usage, snapshot_blocks
 from anabranch.runtime._view import RunView
 from anabranch.store import CallRecord, Store
 
@@ -51,8 +51,7 @@ async def _digests(store: Store, run_id: str, version: int | None) -> tuple[str,
     snapshot = await store.get_snapshot(run_id, version) if version is not None else None
     if snapshot is None:
         return "", ""
-    system = [SystemBlock.model_validate(b) for b in json.loads(snapshot.system)]
-    tools = [ToolDefinition.model_validate(t) for t in json.loads(snapshot.tools)]
+    system, tools = snapshot_blocks(snapshot)
     return system_digest(system), tools_digest(tools)
 
 
@@ -63,7 +62,7 @@ def _state(call: CallRecord, model: str, digests: tuple[str, str]) -> CallCacheS
         tools_digest=digests[1],
         compactions=call.compactions or 0,
         started=call.created,
-        usage=Usage.model_validate_json(call.usage or "{}"),
+        usage=call_usage(call),
         settings=call.settings or "",
     )
 

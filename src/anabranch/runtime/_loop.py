@@ -16,7 +16,6 @@ Nothing here is ever updated in place: every step appends.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,12 +29,10 @@ from anabranch.agents import Agent
 from anabranch.context._cache import place_breakpoints, system_digest, tools_digest
 from anabranch.context._output import (
     describe_errors,
-    output_instructions,
     output_retries_used,
     parse_output,
     retry_message,
 )
-from anabranch.context._prompt import SubagentInfo, assemble_system
 from anabranch.context._tokens import estimate_messages, estimate_request
 from anabranch.errors import (
     MaxTurnsExceeded,
@@ -44,52 +41,50 @@ from anabranch.errors import (
     PromptTooLongError,
 )
 from anabranch.messages import (
-    Attachment,
-    Document,
-    Image,
     Message,
     ModelRequest,
     ModelResponse,
     SystemBlock,
     ToolDefinition,
-    ToolResultBlock,
-    ToolUseBlock,
     Usage,
     canonical_json,
-    messages_from_json,
 )
 from anabranch.models._base import StreamingModel
 from anabranch.models._retry import retrying
-from anabranch.runtime._approval import gate_calls, needs_approval
-from anabranch.runtime._bootstrap import prompt_inputs
-from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
+from anabranch.runtime._approval import GatedRun
 from anabranch.runtime._cache_watch import check_cache_break
 from anabranch.runtime._environment import Environment
+from anabranch.runtime._history import (
+    boundary_ranges,
+    call_usage,
+    context_for,
+    exchange_turns,
+    message_from_record,
+    message_json,
+    message_records,
+    snapshot_blocks,
+    snapshot_record,
+)
 from anabranch.runtime._memory import attach_relevant_memories
 from anabranch.runtime._run_events import RunEvents
+from anabranch.runtime._run_prompt import build_prompt
 from anabranch.runtime._session_view import run_spend
-from anabranch.runtime._tool_exec import run_user_tool
+from anabranch.runtime._tool_calls import INTERRUPTED_REPORT, ToolCalls
 from anabranch.store import (
     CallRecord,
     MessageRecord,
     RunRecord,
     SnapshotRecord,
     Store,
-    ToolEventRecord,
 )
 from anabranch.traces import SpanRef, Tracing
 
 T = TypeVar("T")
 
-__all__ = ["AgentRun", "Environment", "new_id"]
+__all__ = ["INTERRUPTED_REPORT", "AgentRun", "Environment", "new_id"]
 
 RESUME_LINKS = 8
 """How many earlier drives of a run its span links to (the most recent ones)."""
-
-INTERRUPTED_REPORT = (
-    "This tool call was interrupted (the process stopped while it ran) and was not run "
-    "again; its effect is unknown. Check before repeating it."
-)
 
 
 def new_id(prefix: str) -> str:
@@ -97,41 +92,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
 
 
-def _message_json(message: Message) -> str:
-    return canonical_json(message.model_dump(mode="json")["content"])
+_message_json = message_json
+"""Kept for the compactor (issue 13 moves it to ``_history``)."""
 
 
-_ATTACHMENTS: pydantic.TypeAdapter[list[Attachment]] = pydantic.TypeAdapter(list[Attachment])
-
-
-def _attachments_json(attachments: Sequence[Image | Document]) -> str | None:
-    if not attachments:
-        return None
-    return _ATTACHMENTS.dump_json(list(attachments)).decode()
-
-
-def _attachments(text: str | None) -> tuple[Image | Document, ...]:
-    return tuple(_ATTACHMENTS.validate_json(text)) if text else ()
-
-
-def _message_from_record(record: MessageRecord) -> Message:
-    # pydantic parses the stored JSON itself: ~6x faster than json.loads + model_validate
-    return Message.model_validate_json(
-        f'{{"role":{json.dumps(record.role)},"content":{record.content}}}'
-    )
-
-
-def _exchange_turns(context: Sequence[Message]) -> int | None:
-    """Assistant turns since the latest user message sent into a conversation (a text
-    turn after the first message, not tool results); None before any such message."""
-    for index in range(len(context) - 1, 0, -1):
-        message = context[index]
-        if message.role == "user" and not message.tool_results and message.text:
-            return sum(1 for m in context[index + 1 :] if m.role == "assistant")
-    return None
-
-
-class AgentRun:
+class AgentRun(ToolCalls):
     """One run of one agent with its own context. Create with ``start`` or ``load``."""
 
     def __init__(self, env: Environment, agent: Agent, record: RunRecord) -> None:
@@ -163,6 +128,9 @@ class AgentRun:
     @property
     def session_id(self) -> str:
         return self.env.session_id
+
+    def as_view(self) -> GatedRun:
+        return self
 
     @property
     def store(self) -> Store:
@@ -227,21 +195,17 @@ class AgentRun:
             system, tools = run.build_prompt()
             await run.save_snapshot(system, tools, reason="resume")
         else:
-            run.system = tuple(SystemBlock.model_validate(b) for b in json.loads(snapshot.system))
-            run.tools = tuple(ToolDefinition.model_validate(t) for t in json.loads(snapshot.tools))
+            run.system, run.tools = snapshot_blocks(snapshot)
             run.snapshot_version = snapshot.version
         boundary = await store.latest_boundary(record.id)
         if boundary is None:
             records = await store.load_messages(record.id)
-            run.context = [_message_from_record(r) for r in records]
+            run.context = [message_from_record(r) for r in records]
         else:
             run.compactions = await store.count_boundaries(record.id, "ok")
-            context = list(messages_from_json(boundary.prefix))
-            records = []
-            for first, last in json.loads(boundary.ranges):
-                records += await store.load_messages(record.id, from_seq=first, to_seq=last)
-            context.extend(_message_from_record(r) for r in records)
-            run.context = context
+            run.context, records = await context_for(
+                store, record.id, boundary.prefix, boundary_ranges(boundary)
+            )
         run.next_seq = await store.next_seq(record.id)
         # A call still in flight was cut off by a crash: close it; its request is rebuilt
         # byte for byte from the same snapshot and messages and sent again.
@@ -253,7 +217,7 @@ class AgentRun:
         # a run's successful calls are turns 1..n: the latest one's turn is their count
         run.turns = last_ok.turn if last_ok is not None else 0
         run.last_response_id = last_ok.response_id if last_ok is not None else None
-        exchange = _exchange_turns(run.context)
+        exchange = exchange_turns(run.context)
         run.turn_base = run.turns - exchange if exchange is not None else 0
         run.appended_since_usage = list(run.context)
         run._restore_usage_anchor(calls, records, boundary.created if boundary else None)
@@ -286,61 +250,15 @@ class AgentRun:
             return  # compacted since: the live run had dropped its anchor too
         if not any(r.seq == last.message_seq for r in records):
             return
-        self.last_usage = Usage.model_validate_json(last.usage)
+        self.last_usage = call_usage(last)
         self.appended_since_usage = [
-            _message_from_record(r) for r in records if r.seq > last.message_seq
+            message_from_record(r) for r in records if r.seq > last.message_seq
         ]
 
     # ------------------------------------------------------------------ prompt
     def build_prompt(self) -> tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]:
-        """Assemble the system blocks and tool list for this agent (deterministic).
-
-        Reads the bootstrap files, date and cwd now; the result is meant to be snapshotted.
-        """
-        agent = self.agent
-        ttl = agent.context.cache_ttl
-        inputs = prompt_inputs(agent)
-        system = assemble_system(
-            instructions=agent.instructions,
-            subagents=[
-                SubagentInfo(a.name, a.description, a.max_report_tokens) for a in agent.subagents
-            ],
-            report_cap_tokens=agent.max_report_tokens
-            if self.record.parent_run_id or self.record.task_id
-            else None,
-            cache_ttl=ttl,
-            tool_guidance=self._tool_guidance(),
-            bootstrap=inputs.bootstrap,
-            bootstrap_max_chars=agent.bootstrap_max_chars,
-            bootstrap_missing=agent.bootstrap_missing,
-            date=inputs.date,
-            cwd=inputs.cwd,
-            instruction_files=inputs.instruction_files,
-            memory_index=inputs.memory_index,
-        )
-        definitions = [
-            ToolDefinition(name=t.name, description=t.description, input_schema=t.input_schema)
-            for t in agent.tools
-        ]
-        definitions += [b.definition(agent) for b in self.env.builtins if b.applies_to(agent)]
-        definitions.sort(key=lambda d: d.name)
-        if definitions:
-            last = definitions[-1]
-            definitions[-1] = last.model_copy(update={"cache": ttl})
-        return system, tuple(definitions)
-
-    def _tool_guidance(self) -> list[str]:
-        """Guidance texts of built-in tools that offer one (an optional ``guidance(agent)``)."""
-        texts = []
-        for builtin in sorted(self.env.builtins, key=lambda b: b.name):
-            guidance = getattr(builtin, "guidance", None)
-            if builtin.applies_to(self.agent) and callable(guidance):
-                text = guidance(self.agent)
-                if isinstance(text, str) and text.strip():
-                    texts.append(text)
-        if self.agent.output_type is not None:
-            texts.append(output_instructions(self.agent.output_type))
-        return texts
+        """Assemble the system blocks and tool list for this agent (deterministic)."""
+        return build_prompt(self.agent, self.record, self.env.builtins)
 
     async def rebuild_snapshot(self, reason: str) -> bool:
         """Build the prompt again; store it as a new snapshot only if it changed."""
@@ -360,14 +278,7 @@ class AgentRun:
         reason: str,
     ) -> SnapshotRecord:
         """The store record of a prompt snapshot with the current version number."""
-        return SnapshotRecord(
-            run_id=self.id,
-            version=self.snapshot_version,
-            system=canonical_json([b.model_dump(mode="json") for b in system]),
-            tools=canonical_json([t.model_dump(mode="json") for t in tools]),
-            created=time.time(),
-            reason=reason,
-        )
+        return snapshot_record(self.id, self.snapshot_version, system, tools, reason=reason)
 
     async def save_snapshot(
         self,
@@ -426,17 +337,7 @@ class AgentRun:
         self, messages: Sequence[Message], kind: str = "message"
     ) -> list[MessageRecord]:
         """Store records for ``messages`` appended after the last committed one."""
-        return [
-            MessageRecord(
-                run_id=self.id,
-                seq=self.next_seq + offset,
-                role=message.role,
-                content=_message_json(message),
-                kind=kind,
-                created=time.time(),
-            )
-            for offset, message in enumerate(messages)
-        ]
+        return message_records(self.id, self.next_seq, messages, kind)
 
     async def append(self, *messages: Message, kind: str = "message") -> None:
         """Commit messages to the store, then add them to the context."""
@@ -653,7 +554,7 @@ class AgentRun:
                     run_id=self.id,
                     seq=self.next_seq,
                     role="assistant",
-                    content=_message_json(message),
+                    content=message_json(message),
                     created=time.time(),
                 ),
                 response_id=response.id,
@@ -685,139 +586,3 @@ class AgentRun:
         hook = self.env.extras.get("after_response")
         if hook is not None:
             await hook(self, call_id, response)
-
-    # ------------------------------------------------------------------ tools
-    async def run_tools(self, uses: Sequence[ToolUseBlock]) -> list[ToolResultBlock]:
-        """Results for every tool_use, running only those without a committed result.
-
-        Each result is committed as it finishes, so a finished tool is never run again.
-        """
-        fresh, self._fresh_tools = self._fresh_tools, None
-        if fresh is not None and fresh[0] == tuple(u.id for u in uses):
-            # answered in this process a moment ago: nothing of it can have finished yet
-            finished: dict[str, ToolEventRecord] = {}
-            started: set[str] = set()
-            marked = fresh[1]
-            events: list[ToolEventRecord] | None = None
-        else:
-            events = await self.env.store.tool_events(self.id, [u.id for u in uses])
-            finished = {e.call_id: e for e in events if e.event == "finished"}
-            started = {e.call_id for e in events if e.event == "started"}
-            marked = frozenset()
-        outcomes: dict[str, ToolOutcome] = {
-            call_id: ToolOutcome(e.content or "", e.is_error, _attachments(e.attachments))
-            for call_id, e in finished.items()
-        }
-        todo = [use for use in uses if use.id not in finished]
-        gate = await gate_calls(self, todo, events)
-        outcomes.update(gate.denied)
-        todo = [use for use in todo if not gate.held(use)]
-
-        async def run_one(use: ToolUseBlock) -> None:
-            with gate.collecting():  # a sub-agent waiting for approval pauses this run too
-                self.events.tool_started(use)
-                outcome = await self._run_tool(
-                    use, interrupted=use.id in started, marked=use.id in marked
-                )
-                await self.env.store.record_tool_event(self._finished_event(use, outcome))
-                outcomes[use.id] = outcome
-                self.events.tool_finished(use, outcome)
-
-        if len(todo) == 1:
-            await run_one(todo[0])
-        elif todo:
-            async with anyio.create_task_group() as group:
-                for use in todo:
-                    group.start_soon(run_one, use)
-        gate.raise_if_waiting(self)
-        results = []
-        for use in uses:
-            outcome = await self.env.pipeline.ingest(self, use, outcomes[use.id])
-            results.append(
-                ToolResultBlock(
-                    tool_use_id=use.id,
-                    content=outcome.content,
-                    is_error=outcome.is_error,
-                    attachments=outcome.attachments,
-                )
-            )
-        return results
-
-    def _started_events(self, uses: Sequence[ToolUseBlock]) -> list[ToolEventRecord]:
-        """``started`` events for the calls that will run, committed with the response."""
-        now = time.time()
-        return [
-            ToolEventRecord(
-                run_id=self.id, call_id=use.id, name=use.name, event="started", created=now
-            )
-            for use in uses
-            if (self.agent.tool(use.name) is not None or self._builtin(use.name) is not None)
-            and not needs_approval(self.agent.tool(use.name), use)
-        ]
-
-    def _finished_event(self, use: ToolUseBlock, outcome: ToolOutcome) -> ToolEventRecord:
-        return ToolEventRecord(
-            run_id=self.id,
-            call_id=use.id,
-            name=use.name,
-            event="finished",
-            created=time.time(),
-            content=outcome.content,
-            is_error=outcome.is_error,
-            attachments=_attachments_json(outcome.attachments),
-        )
-
-    def _builtin(self, name: str) -> BuiltinTool | None:
-        return next(
-            (b for b in self.env.builtins if b.name == name and b.applies_to(self.agent)), None
-        )
-
-    async def _run_tool(
-        self, use: ToolUseBlock, *, interrupted: bool, marked: bool = False
-    ) -> ToolOutcome:
-        """Run one call (``marked``: its ``started`` event is already committed)."""
-        tool = self.agent.tool(use.name)
-        builtin = None if tool else self._builtin(use.name)
-        store = self.env.store
-        if tool is None and builtin is None:
-            available = sorted(d.name for d in self.tools)
-            outcome = ToolOutcome(
-                f"Unknown tool {use.name!r}. Available tools: {', '.join(available) or 'none'}.",
-                is_error=True,
-            )
-        elif interrupted and tool is not None and tool.on_interrupt == "report":
-            outcome = ToolOutcome(INTERRUPTED_REPORT, is_error=True)
-        else:
-            if not marked:
-                await store.record_tool_event(
-                    ToolEventRecord(
-                        run_id=self.id,
-                        call_id=use.id,
-                        name=use.name,
-                        event="started",
-                        created=time.time(),
-                    )
-                )
-            with self.env.tracing.tool_call(
-                tool=use.name,
-                call_id=use.id,
-                session_id=self.env.session_id,
-                description=tool.description if tool else "",
-                arguments=use.input,
-            ) as span:
-                if tool is not None:
-                    outcome = await run_user_tool(
-                        tool,
-                        use,
-                        session_id=self.env.session_id,
-                        run_id=self.id,
-                        agent_name=self.agent.name,
-                        default_timeout=self.agent.tool_timeout,
-                    )
-                else:
-                    assert builtin is not None
-                    outcome = await builtin.run(self, use)
-                self.env.tracing.tool_result(
-                    span, outcome.content, outcome.is_error, outcome.attachments
-                )
-        return outcome

@@ -33,6 +33,7 @@ from anabranch.messages import (
     ToolUseBlock,
 )
 from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._history import message_from_record
 from anabranch.runtime._view import RunView
 
 __all__ = ["RecallTool"]
@@ -121,9 +122,7 @@ class RecallTool:
             records = await store.load_messages(run.id, from_seq=seq, to_seq=seq)
             if records and records[0].kind == "message":
                 record = records[0]
-                message = Message.model_validate(
-                    {"role": record.role, "content": json.loads(record.content)}
-                )
+                message = message_from_record(record)
                 text = _render(message)
                 attachments = tuple(message.attachments)
         else:

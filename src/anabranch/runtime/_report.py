@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from anabranch.context._cache import cache_read_ratio
 from anabranch.context._pricing import Cost, PriceTable
 from anabranch.messages import Usage
+from anabranch.runtime._history import boundary_extra, call_usage
 from anabranch.store import BoundaryRecord, CallRecord, RunRecord, SessionRecord, Store
 
 __all__ = [
@@ -85,12 +85,7 @@ class SessionSummary:
 
 def summarizer_usage(boundary: BoundaryRecord) -> Usage | None:
     """Tokens a compaction's summarizer call used (recorded in the boundary), if any."""
-    if not boundary.extra:
-        return None
-    try:
-        usage = json.loads(boundary.extra).get("usage")
-    except (ValueError, AttributeError):
-        return None
+    usage = boundary_extra(boundary).get("usage")
     return Usage.model_validate(usage) if isinstance(usage, dict) else None
 
 
@@ -99,7 +94,7 @@ def total_usage(calls: Sequence[CallRecord], boundaries: Sequence[BoundaryRecord
     total = Usage()
     for call in calls:
         if call.status == "ok" and call.usage:
-            total = total + Usage.model_validate_json(call.usage)
+            total = total + call_usage(call)
     for boundary in boundaries:
         summarizer = summarizer_usage(boundary)
         if summarizer is not None:
@@ -165,7 +160,7 @@ async def session_tree(
             continue
         if call.status == "ok":
             node.turns += 1
-            usage = Usage.model_validate_json(call.usage) if call.usage else Usage()
+            usage = call_usage(call)
             node.usage = node.usage + usage
             cost = prices.cost(call.model or node.run.model, usage)
             if cost is None:

@@ -14,25 +14,12 @@ from dataclasses import replace
 from anabranch.context._layout import close_ranges
 from anabranch.context._tokens import estimate_messages
 from anabranch.errors import UserError
-from anabranch.messages import Message, messages_from_json
-from anabranch.runtime._loop import _message_from_record
+from anabranch.runtime._history import boundary_extra, boundary_ranges, context_for
 from anabranch.store import BoundaryRecord, Store
 
-__all__ = ["context_for", "rewind_run"]
+__all__ = ["rewind_run"]
 
 _LAYOUT_KINDS = ("compaction", "clear", "rewind")
-
-
-async def context_for(
-    store: Store, run_id: str, prefix: str, ranges: list[list[int | None]]
-) -> list[Message]:
-    """The messages a boundary's ``prefix`` and ``ranges`` stand for."""
-    messages = list(messages_from_json(prefix))
-    for first, last in ranges:
-        assert first is not None
-        records = await store.load_messages(run_id, from_seq=first, to_seq=last)
-        messages.extend(_message_from_record(r) for r in records)
-    return messages
 
 
 def _previous(boundaries: list[BoundaryRecord], before: int) -> BoundaryRecord | None:
@@ -58,7 +45,7 @@ async def rewind_run(
     target = await store.get_boundary(boundary_id)
     if target is None or target.run_id != run_id:
         raise UserError(f"run {run_id} has no boundary {boundary_id}")
-    cut = json.loads(target.extra or "{}").get("next_seq")
+    cut = boundary_extra(target).get("next_seq")
     if target.status != "ok" or target.kind not in _LAYOUT_KINDS or cut is None:
         raise UserError(
             f"boundary {boundary_id} ({target.kind}, {target.status}) did not change the "
@@ -67,16 +54,14 @@ async def rewind_run(
     boundaries = await store.list_boundaries(run_id=run_id)
     previous = _previous(boundaries, boundary_id)
     prefix = previous.prefix if previous else "[]"
-    before_ranges = json.loads(previous.ranges) if previous else [[0, None]]
+    before_ranges = boundary_ranges(previous)
     ranges: list[list[int | None]] = [list(r) for r in close_ranges(before_ranges, int(cut))]
     next_seq = await store.next_seq(run_id)
     ranges.append([next_seq, None])
-    restored = await context_for(store, run_id, prefix, ranges)
+    restored, _ = await context_for(store, run_id, prefix, ranges)
     current = _previous(boundaries, 1 << 62)
-    current_messages = (
-        await context_for(store, run_id, current.prefix, json.loads(current.ranges))
-        if current
-        else await context_for(store, run_id, "[]", [[0, None]])
+    current_messages, _ = await context_for(
+        store, run_id, current.prefix if current else "[]", boundary_ranges(current)
     )
     record = BoundaryRecord(
         run_id=run_id,

@@ -1,0 +1,68 @@
+"""A run's prompt: the system blocks and tool list its snapshot freezes (deterministic)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from anabranch.agents import Agent
+from anabranch.context._output import output_instructions
+from anabranch.context._prompt import SubagentInfo, assemble_system
+from anabranch.messages import SystemBlock, ToolDefinition
+from anabranch.runtime._bootstrap import prompt_inputs
+from anabranch.runtime._builtins import BuiltinTool
+from anabranch.store import RunRecord
+
+__all__ = ["build_prompt", "tool_guidance"]
+
+
+def build_prompt(
+    agent: Agent, record: RunRecord, builtins: Sequence[BuiltinTool]
+) -> tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]:
+    """Assemble the system blocks and tool list for this agent (deterministic).
+
+    Reads the bootstrap files, date and cwd now; the result is meant to be snapshotted.
+    """
+    ttl = agent.context.cache_ttl
+    inputs = prompt_inputs(agent)
+    system = assemble_system(
+        instructions=agent.instructions,
+        subagents=[
+            SubagentInfo(a.name, a.description, a.max_report_tokens) for a in agent.subagents
+        ],
+        report_cap_tokens=agent.max_report_tokens
+        if record.parent_run_id or record.task_id
+        else None,
+        cache_ttl=ttl,
+        tool_guidance=tool_guidance(agent, builtins),
+        bootstrap=inputs.bootstrap,
+        bootstrap_max_chars=agent.bootstrap_max_chars,
+        bootstrap_missing=agent.bootstrap_missing,
+        date=inputs.date,
+        cwd=inputs.cwd,
+        instruction_files=inputs.instruction_files,
+        memory_index=inputs.memory_index,
+    )
+    definitions = [
+        ToolDefinition(name=t.name, description=t.description, input_schema=t.input_schema)
+        for t in agent.tools
+    ]
+    definitions += [b.definition(agent) for b in builtins if b.applies_to(agent)]
+    definitions.sort(key=lambda d: d.name)
+    if definitions:
+        last = definitions[-1]
+        definitions[-1] = last.model_copy(update={"cache": ttl})
+    return system, tuple(definitions)
+
+
+def tool_guidance(agent: Agent, builtins: Sequence[BuiltinTool]) -> list[str]:
+    """Guidance texts of built-in tools that offer one (an optional ``guidance(agent)``)."""
+    texts = []
+    for builtin in sorted(builtins, key=lambda b: b.name):
+        guidance = getattr(builtin, "guidance", None)
+        if builtin.applies_to(agent) and callable(guidance):
+            text = guidance(agent)
+            if isinstance(text, str) and text.strip():
+                texts.append(text)
+    if agent.output_type is not None:
+        texts.append(output_instructions(agent.output_type))
+    return texts

@@ -1,0 +1,185 @@
+"""``ToolCalls``: how the loop runs a response's tool calls (the tools half of ``AgentRun``).
+
+A call runs at most once to completion: its ``started`` event is committed before it
+runs (with the response, or just before), its ``finished`` event with the result as soon
+as it returns; a resumed run reuses every finished result and, for a call cut off while
+running, follows the tool's ``on_interrupt`` (run it again, or report the interruption).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import anyio
+
+from anabranch.agents import Agent
+from anabranch.messages import ToolDefinition, ToolResultBlock, ToolUseBlock
+from anabranch.runtime._approval import GatedRun, gate_calls, needs_approval
+from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
+from anabranch.runtime._environment import Environment
+from anabranch.runtime._history import attachments_from_json, attachments_json
+from anabranch.runtime._run_events import RunEvents
+from anabranch.runtime._tool_exec import run_user_tool
+from anabranch.store import ToolEventRecord
+
+__all__ = ["INTERRUPTED_REPORT", "ToolCalls"]
+
+INTERRUPTED_REPORT = (
+    "This tool call was interrupted (the process stopped while it ran) and was not run "
+    "again; its effect is unknown. Check before repeating it."
+)
+
+
+class ToolCalls:
+    """Running tool calls for one agent run (mixed into ``AgentRun``, which sets these)."""
+
+    env: Environment
+    agent: Agent
+    tools: tuple[ToolDefinition, ...]
+    events: RunEvents
+    _fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None
+    """Tool calls of the response just committed here, and those marked started with it."""
+
+    @property
+    def id(self) -> str:
+        raise NotImplementedError
+
+    def as_view(self) -> GatedRun:
+        """This run as the read-only view built-in tools (and the approval gate) receive."""
+        raise NotImplementedError
+
+    async def run_tools(self, uses: Sequence[ToolUseBlock]) -> list[ToolResultBlock]:
+        """Results for every tool_use, running only those without a committed result.
+
+        Each result is committed as it finishes, so a finished tool is never run again.
+        """
+        fresh, self._fresh_tools = self._fresh_tools, None
+        if fresh is not None and fresh[0] == tuple(u.id for u in uses):
+            # answered in this process a moment ago: nothing of it can have finished yet
+            finished: dict[str, ToolEventRecord] = {}
+            started: set[str] = set()
+            marked = fresh[1]
+            events: list[ToolEventRecord] | None = None
+        else:
+            events = await self.env.store.tool_events(self.id, [u.id for u in uses])
+            finished = {e.call_id: e for e in events if e.event == "finished"}
+            started = {e.call_id for e in events if e.event == "started"}
+            marked = frozenset()
+        outcomes: dict[str, ToolOutcome] = {
+            call_id: ToolOutcome(e.content or "", e.is_error, attachments_from_json(e.attachments))
+            for call_id, e in finished.items()
+        }
+        todo = [use for use in uses if use.id not in finished]
+        gate = await gate_calls(self.as_view(), todo, events)
+        outcomes.update(gate.denied)
+        todo = [use for use in todo if not gate.held(use)]
+
+        async def run_one(use: ToolUseBlock) -> None:
+            with gate.collecting():  # a sub-agent waiting for approval pauses this run too
+                self.events.tool_started(use)
+                outcome = await self._run_tool(
+                    use, interrupted=use.id in started, marked=use.id in marked
+                )
+                await self.env.store.record_tool_event(self._finished_event(use, outcome))
+                outcomes[use.id] = outcome
+                self.events.tool_finished(use, outcome)
+
+        if len(todo) == 1:
+            await run_one(todo[0])
+        elif todo:
+            async with anyio.create_task_group() as group:
+                for use in todo:
+                    group.start_soon(run_one, use)
+        gate.raise_if_waiting(self.as_view())
+        results = []
+        for use in uses:
+            outcome = await self.env.pipeline.ingest(self, use, outcomes[use.id])
+            results.append(
+                ToolResultBlock(
+                    tool_use_id=use.id,
+                    content=outcome.content,
+                    is_error=outcome.is_error,
+                    attachments=outcome.attachments,
+                )
+            )
+        return results
+
+    def _started_events(self, uses: Sequence[ToolUseBlock]) -> list[ToolEventRecord]:
+        """``started`` events for the calls that will run, committed with the response."""
+        now = time.time()
+        return [
+            ToolEventRecord(
+                run_id=self.id, call_id=use.id, name=use.name, event="started", created=now
+            )
+            for use in uses
+            if (self.agent.tool(use.name) is not None or self._builtin(use.name) is not None)
+            and not needs_approval(self.agent.tool(use.name), use)
+        ]
+
+    def _finished_event(self, use: ToolUseBlock, outcome: ToolOutcome) -> ToolEventRecord:
+        return ToolEventRecord(
+            run_id=self.id,
+            call_id=use.id,
+            name=use.name,
+            event="finished",
+            created=time.time(),
+            content=outcome.content,
+            is_error=outcome.is_error,
+            attachments=attachments_json(outcome.attachments),
+        )
+
+    def _builtin(self, name: str) -> BuiltinTool | None:
+        return next(
+            (b for b in self.env.builtins if b.name == name and b.applies_to(self.agent)), None
+        )
+
+    async def _run_tool(
+        self, use: ToolUseBlock, *, interrupted: bool, marked: bool = False
+    ) -> ToolOutcome:
+        """Run one call (``marked``: its ``started`` event is already committed)."""
+        tool = self.agent.tool(use.name)
+        builtin = None if tool else self._builtin(use.name)
+        store = self.env.store
+        if tool is None and builtin is None:
+            available = sorted(d.name for d in self.tools)
+            outcome = ToolOutcome(
+                f"Unknown tool {use.name!r}. Available tools: {', '.join(available) or 'none'}.",
+                is_error=True,
+            )
+        elif interrupted and tool is not None and tool.on_interrupt == "report":
+            outcome = ToolOutcome(INTERRUPTED_REPORT, is_error=True)
+        else:
+            if not marked:
+                await store.record_tool_event(
+                    ToolEventRecord(
+                        run_id=self.id,
+                        call_id=use.id,
+                        name=use.name,
+                        event="started",
+                        created=time.time(),
+                    )
+                )
+            with self.env.tracing.tool_call(
+                tool=use.name,
+                call_id=use.id,
+                session_id=self.env.session_id,
+                description=tool.description if tool else "",
+                arguments=use.input,
+            ) as span:
+                if tool is not None:
+                    outcome = await run_user_tool(
+                        tool,
+                        use,
+                        session_id=self.env.session_id,
+                        run_id=self.id,
+                        agent_name=self.agent.name,
+                        default_timeout=self.agent.tool_timeout,
+                    )
+                else:
+                    assert builtin is not None
+                    outcome = await builtin.run(self.as_view(), use)
+                self.env.tracing.tool_result(
+                    span, outcome.content, outcome.is_error, outcome.attachments
+                )
+        return outcome
