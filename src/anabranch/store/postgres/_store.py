@@ -34,6 +34,7 @@ from anabranch.store._records import (
     SnapshotRecord,
     ToolEventRecord,
 )
+from anabranch.store._rows import call_row, message_row, run_row, snapshot_row, tool_event_row
 from anabranch.store.postgres._connection import Batch, Conn, Connections, connect
 from anabranch.store.postgres._reads import Reads
 from anabranch.store.postgres._schema import APP_ID, MIGRATIONS, SCHEMA, SCHEMA_VERSION
@@ -55,39 +56,7 @@ def _insert(conn: Conn, table: str, values: dict[str, Any], returning: str = "")
     return None
 
 
-def _message_values(message: MessageRecord) -> dict[str, Any]:
-    return {
-        "run_id": message.run_id,
-        "seq": message.seq,
-        "role": message.role,
-        "content": message.content,
-        "kind": message.kind,
-        "created": message.created or time.time(),
-    }
 
-
-def _tool_event_values(event: ToolEventRecord) -> dict[str, Any]:
-    return {
-        "run_id": event.run_id,
-        "call_id": event.call_id,
-        "name": event.name,
-        "event": event.event,
-        "content": event.content,
-        "is_error": event.is_error,
-        "created": event.created,
-        "attachments": event.attachments,
-    }
-
-
-def _snapshot_values(snapshot: SnapshotRecord) -> dict[str, Any]:
-    return {
-        "run_id": snapshot.run_id,
-        "version": snapshot.version,
-        "reason": snapshot.reason,
-        "system": snapshot.system,
-        "tools": snapshot.tools,
-        "created": snapshot.created,
-    }
 
 
 class PostgresStore(Reads):
@@ -327,20 +296,9 @@ class PostgresStore(Reads):
     ) -> None:
         """Commit a new run with its first prompt snapshot and messages in one transaction,
         so a crash never leaves a run without its task."""
-        values = {
-            "id": run.id,
-            "session_id": run.session_id,
-            "parent_run_id": run.parent_run_id,
-            "parent_call_id": run.parent_call_id,
-            "task_id": run.task_id,
-            "agent_name": run.agent_name,
-            "model": run.model,
-            "depth": run.depth,
-            "mode": run.mode,
-            "created": run.created,
-        }
-        snapshot_values = _snapshot_values(snapshot) if snapshot else None
-        message_values = [_message_values(m) for m in messages]
+        values = run_row(run)
+        snapshot_values = snapshot_row(snapshot) if snapshot else None
+        message_values = [message_row(m) for m in messages]
 
         def write(conn: Conn) -> None:
             _insert(conn, "runs", values)
@@ -377,7 +335,7 @@ class PostgresStore(Reads):
 
     async def append_messages(self, messages: Sequence[MessageRecord]) -> None:
         """Commit messages in one transaction."""
-        values = [_message_values(m) for m in messages]
+        values = [message_row(m) for m in messages]
         if values:
             await self._write(
                 lambda conn: self._insert_messages(conn, values), run=values[0]["run_id"]
@@ -386,7 +344,7 @@ class PostgresStore(Reads):
     async def continue_run(self, run_id: str, messages: Sequence[MessageRecord]) -> None:
         """Reopen a finished run (a ``running`` row after its end: history stays) and
         append ``messages`` to it, in one transaction."""
-        values = [_message_values(m) for m in messages]
+        values = [message_row(m) for m in messages]
         reopened = {"run_id": run_id, "status": "running", "finished": time.time()}
 
         def write(conn: Conn) -> None:
@@ -397,18 +355,8 @@ class PostgresStore(Reads):
 
     async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
         """Commit pending messages and the call row together, before the request is sent."""
-        values = [_message_values(m) for m in messages]
-        call_values = {
-            "run_id": call.run_id,
-            "turn": call.turn,
-            "attempt": call.attempt,
-            "fingerprint": call.fingerprint,
-            "message_count": call.message_count,
-            "created": call.created,
-            "snapshot_version": call.snapshot_version,
-            "compactions": call.compactions,
-            "settings": call.settings,
-        }
+        values = [message_row(m) for m in messages]
+        call_values = call_row(call)
 
         def write(conn: Conn) -> int:
             self._insert_messages(conn, values)
@@ -434,8 +382,8 @@ class PostgresStore(Reads):
     ) -> None:
         """Commit the call's outcome (and the assistant message, and the ``started`` events
         of the tool calls it asks for) in one transaction."""
-        message_values = [_message_values(message)] if message else []
-        events = [_tool_event_values(e) for e in tool_events]
+        message_values = [message_row(message)] if message else []
+        events = [tool_event_row(e) for e in tool_events]
         outcome = {
             "call_id": call_id,
             "status": status,
@@ -487,11 +435,11 @@ class PostgresStore(Reads):
 
     # ----------------------------------------------------------------- tools, snapshots
     async def record_tool_event(self, event: ToolEventRecord) -> None:
-        values = _tool_event_values(event)
+        values = tool_event_row(event)
         await self._write(lambda conn: _insert(conn, "tool_events", values), run=event.run_id)
 
     async def save_snapshot(self, snapshot: SnapshotRecord) -> None:
-        values = _snapshot_values(snapshot)
+        values = snapshot_row(snapshot)
         await self._write(lambda conn: _insert(conn, "snapshots", values), run=snapshot.run_id)
 
     async def add_boundary(
@@ -503,7 +451,7 @@ class PostgresStore(Reads):
             for name in BoundaryRecord.__dataclass_fields__
             if name not in ("id", "details")
         }
-        message_values = [_message_values(m) for m in messages]
+        message_values = [message_row(m) for m in messages]
 
         def write(conn: Conn) -> int:
             self._insert_messages(conn, message_values)

@@ -19,6 +19,7 @@ from anabranch.store._records import (
     SpillRecord,
     ToolEventRecord,
 )
+from anabranch.store._rows import call_row
 from anabranch.store.sqlite._blobs import dehydrate
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._rows import (
@@ -65,17 +66,7 @@ class SQLiteHistory:
     async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
         """Commit pending messages and the call row together, before the request is sent."""
         values = [message_row(m) for m in messages]
-        call_values = {
-            "run_id": call.run_id,
-            "turn": call.turn,
-            "attempt": call.attempt,
-            "fingerprint": call.fingerprint,
-            "message_count": call.message_count,
-            "created": call.created,
-            "snapshot_version": call.snapshot_version,
-            "compactions": call.compactions,
-            "settings": call.settings,
-        }
+        call_values = call_row(call)
 
         def write(conn: sqlite3.Connection) -> int:
             for value in values:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from anabranch.store._records import MessageRecord, SnapshotRecord, ToolEventRecord
+from anabranch.store._rows import message_row, snapshot_row, tool_event_row
 from anabranch.store.sqlite._blobs import BLOB_COLUMNS, dehydrate, hydrate_rows
 
 __all__ = [
@@ -67,36 +66,4 @@ def fetch_rows(
     return hydrate_rows(conn, [dict(zip(names, row, strict=True)) for row in cursor.fetchall()])
 
 
-def message_row(message: MessageRecord) -> dict[str, Any]:
-    return {
-        "run_id": message.run_id,
-        "seq": message.seq,
-        "role": message.role,
-        "content": message.content,
-        "kind": message.kind,
-        "created": message.created or time.time(),
-    }
 
-
-def tool_event_row(event: ToolEventRecord) -> dict[str, Any]:
-    return {
-        "run_id": event.run_id,
-        "call_id": event.call_id,
-        "name": event.name,
-        "event": event.event,
-        "content": event.content,
-        "is_error": int(event.is_error),
-        "created": event.created,
-        "attachments": event.attachments,
-    }
-
-
-def snapshot_row(snapshot: SnapshotRecord) -> dict[str, Any]:
-    return {
-        "run_id": snapshot.run_id,
-        "version": snapshot.version,
-        "reason": snapshot.reason,
-        "system": snapshot.system,
-        "tools": snapshot.tools,
-        "created": snapshot.created,
-    }

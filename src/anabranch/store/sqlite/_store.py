@@ -27,6 +27,7 @@ from anabranch.store._records import (
     SessionRecord,
     SnapshotRecord,
 )
+from anabranch.store._rows import run_row
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._history import SQLiteHistory
 from anabranch.store.sqlite._limits import SQLiteContextLimits
@@ -200,18 +201,7 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits):
     ) -> None:
         """Commit a new run with its first prompt snapshot and messages in one transaction,
         so a crash never leaves a run without its task."""
-        values = {
-            "id": run.id,
-            "session_id": run.session_id,
-            "parent_run_id": run.parent_run_id,
-            "parent_call_id": run.parent_call_id,
-            "task_id": run.task_id,
-            "agent_name": run.agent_name,
-            "model": run.model,
-            "depth": run.depth,
-            "mode": run.mode,
-            "created": run.created,
-        }
+        values = run_row(run)
         snapshot_values = snapshot_row(snapshot) if snapshot else None
         message_values = [message_row(m) for m in messages]
 

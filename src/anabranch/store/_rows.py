@@ -1,0 +1,80 @@
+"""Records as column values, the same for every backend (the tables have the same columns)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from anabranch.store._records import (
+    CallRecord,
+    MessageRecord,
+    RunRecord,
+    SnapshotRecord,
+    ToolEventRecord,
+)
+
+__all__ = ["call_row", "message_row", "run_row", "snapshot_row", "tool_event_row"]
+
+
+def message_row(message: MessageRecord) -> dict[str, Any]:
+    return {
+        "run_id": message.run_id,
+        "seq": message.seq,
+        "role": message.role,
+        "content": message.content,
+        "kind": message.kind,
+        "created": message.created or time.time(),
+    }
+
+
+def tool_event_row(event: ToolEventRecord) -> dict[str, Any]:
+    return {
+        "run_id": event.run_id,
+        "call_id": event.call_id,
+        "name": event.name,
+        "event": event.event,
+        "content": event.content,
+        "is_error": bool(event.is_error),
+        "created": event.created,
+        "attachments": event.attachments,
+    }
+
+
+def snapshot_row(snapshot: SnapshotRecord) -> dict[str, Any]:
+    return {
+        "run_id": snapshot.run_id,
+        "version": snapshot.version,
+        "reason": snapshot.reason,
+        "system": snapshot.system,
+        "tools": snapshot.tools,
+        "created": snapshot.created,
+    }
+
+
+def run_row(run: RunRecord) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "session_id": run.session_id,
+        "parent_run_id": run.parent_run_id,
+        "parent_call_id": run.parent_call_id,
+        "task_id": run.task_id,
+        "agent_name": run.agent_name,
+        "model": run.model,
+        "depth": run.depth,
+        "mode": run.mode,
+        "created": run.created,
+    }
+
+
+def call_row(call: CallRecord) -> dict[str, Any]:
+    return {
+        "run_id": call.run_id,
+        "turn": call.turn,
+        "attempt": call.attempt,
+        "fingerprint": call.fingerprint,
+        "message_count": call.message_count,
+        "created": call.created,
+        "snapshot_version": call.snapshot_version,
+        "compactions": call.compactions,
+        "settings": call.settings,
+    }
