@@ -82,7 +82,7 @@ def poke() -> str:
     """Poke."""
     return "poked"
 
-flaky = Agent(name="flaky", tools=[poke], max_turns=1)   # needs a second turn to answer
+flaky = Agent(name="flaky", tools=[poke], max_turns=1, on_limit="fail")  # needs a 2nd turn
 steady = Agent(name="steady")
 graph = Graph(
     name="breaks",

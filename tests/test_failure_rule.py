@@ -63,7 +63,12 @@ async def test_a_finished_failed_session_resumes_to_the_same_failure(tmp_path: P
 
     looping = FunctionModel(lambda request: [call("once_more")])
     agent = Agent(
-        name="worker", model="test-model", instructions="Work.", tools=[once_more], max_turns=2
+        name="worker",
+        model="test-model",
+        instructions="Work.",
+        tools=[once_more],
+        max_turns=2,
+        on_limit="fail",
     )
     db = tmp_path / "rule.db"
     with anyio.fail_after(30):

@@ -148,7 +148,9 @@ async def test_max_turns_is_a_clear_failure(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
     async with Runtime(db=db, model=model) as rt:
         info = failed_with(
-            await rt.run(_agent(max_turns=3), "loop forever"), MaxTurnsExceeded, match="max_turns=3"
+            await rt.run(_agent(max_turns=3, on_limit="fail"), "loop forever"),
+            MaxTurnsExceeded,
+            match="max_turns=3",
         )
         session_id = info.session_id
         assert session_id is not None
@@ -205,6 +207,8 @@ APPEND_ONLY_TABLES = (
     "snapshots",
     "boundaries",
     "spills",
+    "tenant_spend",
+    "session_budgets",
 )
 
 

@@ -269,7 +269,7 @@ async def test_child_timeout_fails_only_that_call(tmp_path: object) -> None:
             return [spawn("slow", "stall"), spawn("quick", "answer")]
         return "ok"
 
-    slow = Agent(name="slow", model="slow", tools=[stall], timeout=0.3)
+    slow = Agent(name="slow", model="slow", tools=[stall], timeout=0.3, on_limit="fail")
     quick = Agent(name="quick", model="quick")
     model = routed(
         boss=boss,
@@ -303,7 +303,7 @@ async def test_child_max_turns_and_model_failure_are_errors(tmp_path: object) ->
         """Do it again."""
         return "again"
 
-    looper = Agent(name="looper", model="looper", tools=[again], max_turns=2)
+    looper = Agent(name="looper", model="looper", tools=[again], max_turns=2, on_limit="fail")
     model = routed(
         boss=boss, looper=lambda r: [use("again", f"toolu_{len(r.messages)}")], broken=broken
     )
@@ -458,7 +458,7 @@ async def test_a_timed_out_child_ends_its_own_children_too(tmp_path: object) -> 
         return "never"
 
     leaf = Agent(name="leaf", model="leaf", tools=[stall])
-    middle = Agent(name="middle", model="middle", subagents=[leaf], timeout=0.3)
+    middle = Agent(name="middle", model="middle", subagents=[leaf], timeout=0.3, on_limit="fail")
     model = routed(
         boss=lambda r: [spawn("middle", "delegate")] if first_turn(r) else "ok",
         middle=lambda r: [spawn("leaf", "stall")] if first_turn(r) else "unreachable",

@@ -3,6 +3,7 @@ self-compacting, persisted context."""
 
 from anabranch._version import VERSION as __version__  # noqa: F401
 from anabranch.agents import Agent as Agent
+from anabranch.agents import Budget as Budget
 from anabranch.agents import ContextPolicy as ContextPolicy
 from anabranch.agents import Graph as Graph
 from anabranch.agents import InstructionLevel as InstructionLevel
@@ -15,6 +16,7 @@ from anabranch.agents import tool as tool
 from anabranch.context._compaction import CompactionEvent as CompactionEvent
 from anabranch.errors import AnabranchError as AnabranchError
 from anabranch.errors import ApprovalPendingError as ApprovalPendingError
+from anabranch.errors import BudgetExceeded as BudgetExceeded
 from anabranch.errors import CompactionFailedError as CompactionFailedError
 from anabranch.errors import DatabaseError as DatabaseError
 from anabranch.errors import LeaseLostError as LeaseLostError
@@ -65,6 +67,8 @@ __all__ = [
     "ApprovalPendingError",
     "AnthropicModel",
     "Block",
+    "Budget",
+    "BudgetExceeded",
     "CompactionEvent",
     "CompactionFailedError",
     "ContextPolicy",

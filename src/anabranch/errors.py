@@ -15,6 +15,7 @@
     │   ├── RunFailedError        ``result.raise_for_status()`` of a session that ended failed
     │   ├── MaxTurnsExceeded
     │   ├── OutputValidationError the answer never matched the agent's output_type
+    │   ├── BudgetExceeded        a budget is used up (on_limit="fail", or none left to start)
     │   └── CompactionFailedError the compaction circuit breaker tripped with policy "fail"
     └── ModelError                raised by model clients, at their boundary
         ├── ModelConnectionError  the request never got an HTTP answer (retryable)
@@ -42,6 +43,7 @@ from typing import Protocol
 __all__ = [
     "AnabranchError",
     "ApprovalPendingError",
+    "BudgetExceeded",
     "CompactionFailedError",
     "DatabaseError",
     "LeaseLostError",
@@ -176,6 +178,16 @@ class OutputValidationError(RunError):
         )
         self.agent = agent
         self.attempts = attempts
+
+
+class BudgetExceeded(RunError):
+    """A budget is used up: a run with ``on_limit="fail"`` reached it, or there was no
+    budget left to start a run."""
+
+    def __init__(self, message: str, *, scope: str = "") -> None:
+        super().__init__(message)
+        self.scope = scope
+        """Which budget: ``session``, ``tenant <name>`` or ``agent <name>``."""
 
 
 class CompactionFailedError(RunError):

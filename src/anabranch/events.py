@@ -31,6 +31,8 @@ __all__ = [
     "CompactionFinished",
     "CompactionStarted",
     "Event",
+    "LimitReached",
+    "LimitWarning",
     "ModelCallFinished",
     "ModelCallStarted",
     "Retry",
@@ -75,6 +77,9 @@ class SessionFinished(Event):
     output: str = ""
     error: str | None = None
     usage: Usage = Usage()
+    incomplete: bool = False
+    """A limit stopped the session's root run: ``output`` is its report so far."""
+    stop_reason: str | None = None
 
 
 class RunStarted(Event):
@@ -97,6 +102,9 @@ class RunFinished(Event):
     output: str = ""
     error: str | None = None
     turns: int = 0
+    stop_reason: str | None = None
+    """Set when a limit ended the run with a report (``max_turns``, ``timeout``, ``budget``):
+    ``status`` is ``done`` and ``output`` is that (incomplete) report."""
 
 
 class ModelCallStarted(Event):
@@ -168,6 +176,9 @@ class ChildReported(Event):
     status: Literal["done", "failed"]
     chars: int = 0
     error: str | None = None
+    stop_reason: str | None = None
+    """Set when a limit stopped the child: ``status`` is ``done`` and its report says it is
+    incomplete (``max_turns``, ``timeout``, ``budget``)."""
 
 
 class CompactionStarted(Event):
@@ -216,6 +227,28 @@ class ApprovalRequested(Event):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+class LimitWarning(Event):
+    """A budget passed its soft share; the agent is told in its next user turn."""
+
+    kind: Literal["limit_warning"] = "limit_warning"
+    scope: str
+    """``session``, ``tenant <name>`` or ``agent <name>``."""
+    spent_share: float
+    remaining_tokens: int | None = None
+    remaining_usd: float | None = None
+
+
+class LimitReached(Event):
+    """A limit stopped the run: its final report (a call without tools) follows."""
+
+    kind: Literal["limit_reached"] = "limit_reached"
+    reason: Literal["max_turns", "timeout", "budget"]
+    detail: str
+    scope: str = ""
+    remaining_tokens: int | None = None
+    remaining_usd: float | None = None
+
+
 AnyEvent = Annotated[
     SessionStarted
     | SessionFinished
@@ -233,7 +266,9 @@ AnyEvent = Annotated[
     | CompactionFinished
     | CacheBreakEvent
     | Retry
-    | ApprovalRequested,
+    | ApprovalRequested
+    | LimitWarning
+    | LimitReached,
     Field(discriminator="kind"),
 ]
 """Any event, discriminated by ``kind``."""

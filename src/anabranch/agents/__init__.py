@@ -2,6 +2,9 @@
 
 from anabranch.agents._agent import RESERVED_TOOL_NAMES as RESERVED_TOOL_NAMES
 from anabranch.agents._agent import Agent as Agent
+from anabranch.agents._budget import Budget as Budget
+from anabranch.agents._budget import BudgetPeriod as BudgetPeriod
+from anabranch.agents._budget import OnLimit as OnLimit
 from anabranch.agents._graph import Graph as Graph
 from anabranch.agents._graph import Task as Task
 from anabranch.agents._memory import MEMORY_TYPES as MEMORY_TYPES
@@ -20,6 +23,8 @@ __all__ = [
     "MEMORY_TYPES",
     "RESERVED_TOOL_NAMES",
     "Agent",
+    "Budget",
+    "BudgetPeriod",
     "CompactionStrategy",
     "ContextPolicy",
     "Graph",
@@ -27,6 +32,7 @@ __all__ = [
     "Memory",
     "MemoryType",
     "OnInterrupt",
+    "OnLimit",
     "Task",
     "Tool",
     "ToolContext",

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from anabranch.agents._budget import Budget, OnLimit
 from anabranch.agents._memory import InstructionLevel, Memory
 from anabranch.agents._policy import ContextPolicy
 from anabranch.agents._tools import Tool
@@ -47,6 +48,12 @@ class Agent(BaseModel):
     """Seconds the whole run may take."""
     max_report_tokens: int = Field(2_000, gt=0)
     """Cap on the final report a parent receives from this agent."""
+    budget: Budget | None = None
+    """Tokens and dollars each run of this agent may spend, its sub-agents' spend included."""
+    on_limit: OnLimit = "report"
+    """At ``max_turns``, ``timeout`` or a budget: ``report`` ends the run with one final
+    model call without tools that reports what it found (marked incomplete); ``fail``
+    fails the run."""
     workspace: Path | None = None
     """Folder of bootstrap files; their text enters the dynamic part of the system prompt."""
     bootstrap_files: tuple[str, ...] = ("AGENTS.md", "USER.md", "MEMORY.md")
@@ -96,6 +103,16 @@ class Agent(BaseModel):
     def _pydantic_model(cls, value: object) -> object:
         if value is not None and not (isinstance(value, type) and issubclass(value, BaseModel)):
             raise ValueError(f"output_type must be a pydantic BaseModel subclass, not {value!r}")
+        return value
+
+    @field_validator("budget")
+    @classmethod
+    def _budget_per_run(cls, value: Budget | None) -> Budget | None:
+        if value is not None and value.per is not None:
+            raise ValueError(
+                "an agent's budget is per run: per= applies to tenant budgets "
+                "(Runtime(budgets={...}))"
+            )
         return value
 
     @field_validator("tools", mode="before")

@@ -26,6 +26,7 @@ from anabranch.cli._common import (
     session_json,
 )
 from anabranch.cli._inspect import print_messages, print_session_json
+from anabranch.cli._budget import add_budget_arguments, budget_lines, stop_label
 from anabranch.cli._limits import declared_windows, window_labels
 from anabranch.cli._progress import add_progress_arguments, event_printer
 from anabranch.cli._tracing import add_trace_arguments, configure_from_args
@@ -34,6 +35,7 @@ from anabranch.errors import AnabranchError, ApprovalPendingError
 from anabranch.runtime._history import session_outline, snapshot_blocks
 from anabranch.runtime._loader import load_object, split_reference
 from anabranch.runtime._report import RunNode, list_sessions, session_tree, tree_totals
+from anabranch.runtime._results import RunResult
 from anabranch.runtime._runtime import DEFAULT_DB, Runtime
 from anabranch.store import RunRecord, SessionRecord, Store, describe_db, open_store
 from anabranch.store._dsn import resumable_db
@@ -74,7 +76,13 @@ async def cmd_run(args: argparse.Namespace) -> int:
             tracer_provider=args.tracer_provider,
             on_event=event_printer(args),
         ) as rt:
-            graph_result = await rt.run_graph(definition, source=source, on_session=announce)
+            graph_result = await rt.run_graph(
+                definition,
+                source=source,
+                on_session=announce,
+                budget=args.budget,
+                tenant=args.tenant,
+            )
         if not args.events:
             print(graph_result.output)
         graph_result.raise_for_status()
@@ -87,11 +95,28 @@ async def cmd_run(args: argparse.Namespace) -> int:
         tracer_provider=args.tracer_provider,
         on_event=event_printer(args),
     ) as rt:
-        result = await rt.run(definition, args.task, source=source, on_session=announce)
+        result = await rt.run(
+            definition,
+            args.task,
+            source=source,
+            on_session=announce,
+            budget=args.budget,
+            tenant=args.tenant,
+        )
     result.raise_for_status()
     if not args.events:
         print(output_text(result.output))
+    _note_incomplete(result)
     return 0
+
+
+def _note_incomplete(result: RunResult) -> None:
+    if result.incomplete:
+        print(
+            f"incomplete: stopped by a limit ({result.stop_reason}); continue it with "
+            f"anabranch resume {result.session_id} --budget ...",
+            file=sys.stderr,
+        )
 
 
 async def _session_source(db: str, session_id: str) -> str | None:
@@ -113,12 +138,13 @@ async def cmd_resume(args: argparse.Namespace) -> int:
     )
     await rt.open(create=False)
     try:
-        result = await rt.resume(args.session_id)
+        result = await rt.resume(args.session_id, budget=args.budget)
     finally:
         await rt.aclose()
     result.raise_for_status()
     if not args.events:
         print(output_text(result.output))
+    _note_incomplete(result)
     return 0
 
 
@@ -175,7 +201,7 @@ def _print_node(
     run = node.run
     usage = node.usage
     branch = "" if root else ("└─ " if last else "├─ ")
-    label = f"{run.agent_name} [{run.status}]"
+    label = f"{run.agent_name} {stop_label(run.status, run.error)}"
     if run.mode == "fork":
         label += " (fork)"
     if run.task_id:
@@ -288,10 +314,11 @@ async def cmd_show(args: argparse.Namespace) -> int:
         roots = await session_tree(rt.store, session.id, prices)
         runs = {r.id: r.agent_name for r in await rt.store.list_runs(session.id)}
         limits = await rt.store.run_context_limits(session.id)
+        totals = tree_totals(roots)
+        budgets = await budget_lines(rt.store, session, roots, totals)
     finally:
         await rt.aclose()
     windows = window_labels(runs, limits, declared_windows(session))
-    totals = tree_totals(roots)
     usage = totals.usage
     print(f"session {session.id}  status={session.status}  created={_when(session.created)}")
     print(f"task: {session.task}")
@@ -315,6 +342,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
         f"estimated cost {_cost(totals.cost, totals.unpriced_calls)}; cache breaks: "
         + (", ".join(f"{cause} x{n}" for cause, n in sorted(causes.items())) or "none")
     )
+    for line in budgets:
+        print(line)
     if session.output:
         print(f"output: {session.output}")
     return 0
@@ -332,12 +361,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("target", metavar="FILE:OBJ", help="Python file and the Agent or Graph in it")
     run.add_argument("task", nargs="?", help="The task text (an Agent needs one; a Graph none)")
     run.add_argument("--offline", action="store_true", help="Use the built-in TestModel")
+    add_budget_arguments(run, tenant=True)
     add_progress_arguments(run)
     add_trace_arguments(run)
 
     resume = add_command(commands, "resume", cmd_resume, "Continue a session by its id.")
     resume.add_argument("session_id", metavar="ID")
     resume.add_argument("--offline", action="store_true", help="Use the built-in TestModel")
+    add_budget_arguments(resume, tenant=False)
     add_progress_arguments(resume)
     add_trace_arguments(resume)
 

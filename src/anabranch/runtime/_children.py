@@ -12,8 +12,9 @@ from anabranch.context._tokens import CHARS_PER_TOKEN
 from anabranch.errors import ApprovalPendingError
 from anabranch.messages import Message, SystemBlock, ToolDefinition
 from anabranch.runtime._environment import Environment
+from anabranch.runtime._findings import findings_record, settle_subtree
 from anabranch.runtime._loop import AgentRun
-from anabranch.store import RunRecord, RunStatus, Store
+from anabranch.store import RunRecord, Store
 
 __all__ = [
     "RunOutcome",
@@ -33,9 +34,21 @@ class RunOutcome:
     """How a driven run ended (cancellation is not an outcome: it propagates)."""
 
     run_id: str
-    status: Literal["done", "failed"]
+    status: Literal["done", "incomplete", "failed"]
     output: str = ""
+    """The report; for a failed run, the runtime's record of what it had found."""
     error: str | None = None
+    stop: str | None = None
+    """For an incomplete run: which limit stopped it (``LimitStop.describe()``)."""
+
+    @classmethod
+    def of_record(cls, record: RunRecord) -> RunOutcome:
+        """The outcome of a run that finished earlier (read back from the store)."""
+        if record.status == "incomplete":
+            return cls(record.id, "incomplete", record.output or "", stop=record.error)
+        if record.status == "done":
+            return cls(record.id, "done", record.output or "")
+        return cls(record.id, "failed", record.output or "", record.error)
 
 
 async def open_run(
@@ -84,40 +97,35 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-async def settle_subtree(
-    store: Store, session_id: str, run_id: str, status: RunStatus, error: str
-) -> None:
-    """Record ``status`` for ``run_id`` and every unfinished run below it."""
-    runs = await store.list_runs(session_id)
-    below: dict[str | None, list[RunRecord]] = {}
-    for record in runs:
-        below.setdefault(record.parent_run_id, []).append(record)
-    by_id = {r.id: r for r in runs}
-    pending = [by_id[run_id]] if run_id in by_id else []
-    while pending:
-        record = pending.pop()
-        if record.status == "running":
-            reason = error if record.id == run_id else f"stopped with run {run_id}: {error}"
-            await store.finish_run(record.id, status, error=reason)
-        pending.extend(below.get(record.id, []))
-
-
 async def drive_to_outcome(run: AgentRun) -> RunOutcome:
-    """Drive ``run`` to its end. Any failure (timeout, max turns, a model that keeps
-    failing) is recorded on the run and returned; cancellation propagates untouched."""
+    """Drive ``run`` to its end. A limit's final report is an ``incomplete`` outcome; any
+    failure (a model that keeps failing, a limit with ``on_limit="fail"``) is recorded on
+    the run and returned with the runtime's record of what it had found; cancellation
+    propagates untouched."""
     try:
         output = await run.drive()
     except ApprovalPendingError:  # paused, not failed: the run stays resumable as it is
         raise
     except TimeoutError as exc:
         timeout = run.agent.timeout
-        error = f"timed out after {timeout} seconds" if timeout else _describe(exc)
+        plain = timeout and run.agent.on_limit == "fail"
+        error = f"timed out after {timeout} seconds" if plain else _describe(exc)
     except Exception as exc:
         error = _describe(exc)
     else:
+        if run.stop is not None:
+            return RunOutcome(run.id, "incomplete", output, stop=run.stop.describe())
+        if run.record.status == "incomplete":  # finished so before this drive
+            return RunOutcome.of_record(run.record)
         return RunOutcome(run.id, "done", output)
-    await settle_subtree(run.env.store, run.env.session_id, run.id, "failed", error)
-    return RunOutcome(run.id, "failed", error=error)
+    store = run.env.store
+    findings = await findings_record(store, run.id)
+    record = await store.get_run(run.id)
+    if record is not None and record.status == "running":
+        await store.finish_run(run.id, "failed", output=findings or None, error=error)
+    await settle_subtree(store, run.env.session_id, run.id, "failed", error)
+    stored = await store.get_run(run.id)
+    return RunOutcome(run.id, "failed", (stored.output if stored else None) or "", error)
 
 
 def report_handle(run_id: str) -> str:

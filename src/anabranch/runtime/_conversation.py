@@ -41,7 +41,7 @@ async def finished_root(
             f"session {session_id} has an unfinished turn: resume it first "
             f"(anabranch resume {session_id})"
         )
-    if root.status != "done":
+    if root.status not in ("done", "incomplete"):  # a limit's report may be continued
         raise UserError(f"session {session_id} failed ({root.error}); it cannot continue")
     return root_agent, root
 

@@ -64,6 +64,8 @@ class SessionAnnouncer:
             output=result.output,
             error=result.error,
             usage=result.usage,
+            incomplete=result.incomplete,
+            stop_reason=result.stop_reason,
         )
 
     def failed(self, error: BaseException) -> None:

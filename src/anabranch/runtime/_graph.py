@@ -18,6 +18,7 @@ import anyio
 from anabranch.agents import Graph, Task
 from anabranch.errors import UserError
 from anabranch.runtime._children import (
+    RunOutcome,
     capped_report,
     drive_to_outcome,
     open_run,
@@ -26,6 +27,7 @@ from anabranch.runtime._children import (
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._loader import load_object
 from anabranch.runtime._results import GraphResult, TaskResult, build_result
+from anabranch.runtime._run_limits import parse_stop
 from anabranch.runtime._session import SessionDriver, SessionEnd
 from anabranch.store import RunRecord, SessionRecord, Store
 from anabranch.traces import SpanRef
@@ -39,6 +41,8 @@ __all__ = [
     "task_prompt",
 ]
 
+_REPORTED = ("done", "incomplete")
+"""Statuses of tasks that ended with a report (their dependents run)."""
 FAIL_FAST_NOT_RUN = "cancelled: not run because another task failed (fail_fast)"
 
 
@@ -61,6 +65,7 @@ def graph_outline(graph: Graph) -> dict[str, Any]:
                 "window": t.agent.context.window,
                 "threshold": t.agent.context.threshold,
                 "depends_on": list(t.depends_on),
+                **({"budget": t.agent.budget.model_dump(mode="json")} if t.agent.budget else {}),
             }
             for t in graph.tasks
         ],
@@ -90,7 +95,7 @@ async def resume_graph(
     env: Environment, driver: SessionDriver, graph: Graph, session: SessionRecord
 ) -> GraphResult:
     """Continue an interrupted graph session; a finished one returns its stored result."""
-    if session.status in ("done", "failed") and session.finished is not None:
+    if session.status in ("done", "incomplete", "failed") and session.finished is not None:
         results = _stored_results(graph, await _task_runs(env.store, session.id))
         filled = _fill_unrun(graph, results, FAIL_FAST_NOT_RUN)
         return await _result(env.store, session.id, graph, filled, _end(graph, filled))
@@ -109,15 +114,21 @@ def _stored_results(graph: Graph, runs: dict[str, RunRecord]) -> dict[str, TaskR
         record = runs.get(task.id)
         if record is None or record.status == "running":
             continue
-        results[task.id] = TaskResult(
-            id=task.id,
-            agent=task.agent.name,
-            status=record.status,
-            report=record.output or "",
-            run_id=record.id,
-            error=record.error,
-        )
+        results[task.id] = _task_result(task, RunOutcome.of_record(record))
     return results
+
+
+def _task_result(task: Task, outcome: RunOutcome) -> TaskResult:
+    reason, _ = parse_stop(outcome.stop)
+    return TaskResult(
+        id=task.id,
+        agent=task.agent.name,
+        status=outcome.status,
+        report=outcome.output,
+        run_id=outcome.run_id,
+        error=outcome.error if outcome.status != "incomplete" else outcome.stop,
+        stop_reason=reason,
+    )
 
 
 def _fill_unrun(graph: Graph, results: dict[str, TaskResult], reason: str) -> dict[str, TaskResult]:
@@ -150,7 +161,11 @@ async def task_prompt(
         report = await capped_report(
             env.store, dep.report, cap, run_id=run_id, owner_run_id=run_id, call_id=f"task:{dep_id}"
         )
-        parts.append(f'<report task="{dep_id}" agent="{dep.agent}">\n{report}\n</report>')
+        mark = ""
+        if dep.status == "incomplete":
+            _, why = parse_stop(dep.error)
+            mark = f' incomplete="{why or "stopped by a limit"}"'
+        parts.append(f'<report task="{dep_id}" agent="{dep.agent}"{mark}>\n{report}\n</report>')
     return "\n\n".join(parts)
 
 
@@ -174,7 +189,7 @@ class _Schedule:
                     if task.id in self.launched:
                         continue
                     deps = [self.results.get(d) for d in task.depends_on]
-                    if any(d is not None and d.status != "done" for d in deps):
+                    if any(d is not None and d.status not in _REPORTED for d in deps):
                         continue  # _fill_unrun records why it never ran
                     if all(d is not None for d in deps):
                         self.launched.add(task.id)
@@ -186,7 +201,7 @@ class _Schedule:
                         return  # fail_fast: never start another task
                     result = await self._run_task(task)
                 self.results[task.id] = result
-                if result.status != "done" and self.graph.fail_fast:
+                if result.status == "failed" and self.graph.fail_fast:
                     self.stopped_by = task.id
                     group.cancel_scope.cancel()
                     return
@@ -208,14 +223,7 @@ class _Schedule:
                 with anyio.CancelScope(shield=True):
                     await self._cancel_run(task)
             raise
-        return TaskResult(
-            id=task.id,
-            agent=task.agent.name,
-            status=outcome.status,
-            report=outcome.output,
-            run_id=run.id,
-            error=outcome.error,
-        )
+        return _task_result(task, outcome)
 
     async def _cancel_run(self, task: Task) -> None:
         """Record fail_fast's cancellation on the task's run (if it was created)."""
@@ -227,15 +235,18 @@ class _Schedule:
 
 
 def _end(graph: Graph, results: dict[str, TaskResult]) -> SessionEnd:
-    """How a graph session ended: done if every task is, else failed naming each failure."""
+    """How a graph session ended: done if every task is, incomplete if some task was
+    stopped by a limit (and none failed), else failed naming each failure."""
     sinks = [results[t.id] for t in graph.sinks()]
     if len(sinks) == 1:
         output = sinks[0].report
     else:
-        output = "\n\n".join(f"## {r.id}\n{r.report}" for r in sinks if r.status == "done")
-    errors = [f"{r.id}: {r.error}" for r in results.values() if r.status != "done"]
+        output = "\n\n".join(f"## {r.id}\n{r.report}" for r in sinks if r.status in _REPORTED)
+    errors = [f"{r.id}: {r.error}" for r in results.values() if r.status not in _REPORTED]
     if errors:
         return SessionEnd("failed", output=output, error="; ".join(errors))
+    if any(r.status == "incomplete" for r in results.values()):
+        return SessionEnd("incomplete", output=output)
     return SessionEnd("done", output=output)
 
 

@@ -20,6 +20,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TypeVar
 
 import anyio
@@ -35,7 +36,6 @@ from anabranch.context._output import (
 )
 from anabranch.context._tokens import estimate_messages, estimate_request
 from anabranch.errors import (
-    MaxTurnsExceeded,
     ModelError,
     OutputValidationError,
     PromptTooLongError,
@@ -70,6 +70,8 @@ from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_prompt import build_prompt
 from anabranch.runtime._session_view import run_spend
 from anabranch.runtime._tool_calls import INTERRUPTED_REPORT, ToolCalls
+from anabranch.runtime._final_report import final_report
+from anabranch.runtime._run_limits import LimitStop, session_limits
 from anabranch.store import (
     CallRecord,
     MessageRecord,
@@ -119,6 +121,8 @@ class AgentRun(ToolCalls):
         self._fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None = None
         """Tool calls of the response just committed here, and those marked started with it."""
         self.events = RunEvents(self, env.events)
+        self.stop: LimitStop | None = None
+        """The limit that ended this run with a final report, if one did."""
 
     # ------------------------------------------------------------------ creation
     @property
@@ -291,15 +295,19 @@ class AgentRun(ToolCalls):
         await self.env.store.save_snapshot(self.snapshot_record(system, tools, reason=reason))
         self.system, self.tools = system, tools
 
-    def build_request(self) -> ModelRequest:
+    def build_request(
+        self, *, tool_choice: str | None = None, max_tokens: int | None = None
+    ) -> ModelRequest:
         """The exact request for the current context, cache breakpoints placed (<= 4)."""
         request = ModelRequest(
             model=self.agent.model,
             system=self.system,
             tools=self.tools,
             messages=tuple(self.context),
-            max_tokens=self.agent.max_tokens,
-            settings=self.agent.model_settings,
+            max_tokens=max_tokens or self.agent.max_tokens,
+            settings=self.agent.model_settings
+            if tool_choice is None
+            else self.agent.model_settings.model_copy(update={"tool_choice": tool_choice}),
             previous_response_id=self.last_response_id
             if self.agent.model_settings.cache_diagnostics
             else None,
@@ -369,11 +377,13 @@ class AgentRun(ToolCalls):
     async def drive(self) -> str:
         """Run until the agent gives a final answer; returns it.
 
-        Raises ``MaxTurnsExceeded`` (recorded as a failed run) and ``ModelError`` once
-        retries are exhausted (the run stays unfinished and resumable). A run that already
-        finished (e.g. loaded on resume) returns its committed answer at once.
+        A limit (``max_turns``, ``timeout``, a budget) ends the run with a final report
+        (``self.stop`` says which), or with ``on_limit="fail"`` raises (``MaxTurnsExceeded``,
+        ``TimeoutError``, ``BudgetExceeded``; recorded as a failed run). Raises
+        ``ModelError`` once retries are exhausted (the run stays unfinished and resumable).
+        A run that already finished (e.g. loaded on resume) returns its committed answer.
         """
-        if self.record.status == "done":
+        if self.record.status in ("done", "incomplete"):
             return self.record.output or ""
         tracing = self.env.tracing
         task = self.context[0].text if self.context else ""
@@ -392,16 +402,25 @@ class AgentRun(ToolCalls):
             ref = tracing.span_ref(span)
             if ref is not None:  # so a resumed run's span can link back to this one
                 await store.add_run_span(self.env.session_id, self.id, ref.trace_id, ref.span_id)
-            with self.events.run_lifecycle():
-                with anyio.fail_after(self.agent.timeout):
-                    output = await self._loop()
-                self.events.run_done(output)
+            limits = session_limits(self.env)
+            with self.events.run_lifecycle(), limits.driving(self):
+                if self.agent.on_limit == "fail":
+                    with anyio.fail_after(self.agent.timeout):
+                        output = await self._loop()
+                else:
+                    with anyio.CancelScope(deadline=limits.hard_deadline(self.id)) as cap:
+                        output = await self._loop()
+                    if cap.cancelled_caught:
+                        raise await limits.cut_off_run(self)
+                self.events.run_done(output, self.stop.reason if self.stop else None)
             tracing.agent_output(span, output)
             spend = await run_spend(store, self.env.session_id, self.agent, self.id)
             tracing.agent_spend(span, *spend)  # this run's own tokens and cost
             return output
 
     async def _loop(self) -> str:
+        limits = session_limits(self.env)
+        limits_checked = False  # checked when the pending user turn was built
         while True:
             if not self.context:
                 raise RuntimeError(f"run {self.id} has an empty context")
@@ -409,7 +428,11 @@ class AgentRun(ToolCalls):
             if last.role == "assistant":
                 if last.tool_uses:
                     results = await self.run_tools(last.tool_uses)
-                    await self.append(Message(role="user", content=tuple(results)))
+                    notes = await limits.next_turn(self)
+                    await self.append(Message(role="user", content=(*results, *notes.blocks)))
+                    if notes.stop is not None:
+                        return await self._end_at_limit(notes.stop)
+                    limits_checked = True
                     continue
                 output = last.text
                 if self.agent.output_type is not None:
@@ -419,17 +442,29 @@ class AgentRun(ToolCalls):
                     output = checked
                 await self.env.store.finish_run(self.id, "done", output=output)
                 return output
-            if self.turns - self.turn_base >= self.agent.max_turns:
-                error = MaxTurnsExceeded(self.agent.name, self.agent.max_turns)
-                await self.env.store.finish_run(self.id, "failed", error=str(error))
-                raise error
-            async with self.events.compactions():
-                await self.env.pipeline.before_call(self)
-            response = await self.call_model()
-            self.context.append(response.to_message())
-            self.turns += 1
-            self.last_usage = response.usage
-            self.appended_since_usage = []
+            if not limits_checked:
+                stop = await limits.check(self)
+                if stop is not None:
+                    return await self._end_at_limit(stop)
+            limits_checked = False
+            await self.take_turn()
+
+    async def _end_at_limit(self, stop: LimitStop) -> str:
+        self.stop = stop
+        return await final_report(self, stop, self.take_turn)
+
+    async def take_turn(
+        self, *, tool_choice: str | None = None, max_tokens: int | None = None
+    ) -> ModelResponse:
+        """One model turn: the context pipeline, the call (committed), the context updated."""
+        async with self.events.compactions():
+            await self.env.pipeline.before_call(self)
+        response = await self.call_model(tool_choice=tool_choice, max_tokens=max_tokens)
+        self.context.append(response.to_message())
+        self.turns += 1
+        self.last_usage = response.usage
+        self.appended_since_usage = []
+        return response
 
     async def _checked_output(self, text: str) -> str | None:
         """The answer as validated JSON; ``None`` after sending a failed one back.
@@ -486,6 +521,7 @@ class AgentRun(ToolCalls):
                 self.events.call_failed(attempt, purpose, error)
                 raise
             self.events.call_finished(attempt, purpose, response)
+            await session_limits(env).charge(self, response.model or request.model, response.usage)
             env.tracing.model_response(
                 span,
                 response_id=response.id,
@@ -507,12 +543,16 @@ class AgentRun(ToolCalls):
         self.env.tracing.retry_scheduled(error, delay, attempt)
         self.events.retry(attempt, error, delay)
 
-    async def call_model(self) -> ModelResponse:
+    async def call_model(
+        self, *, tool_choice: str | None = None, max_tokens: int | None = None
+    ) -> ModelResponse:
         """One model turn with retries; the call row is committed before each attempt."""
         too_long_attempts = 0
         while True:
             try:
-                return await self.with_retries(self._call_once)
+                return await self.with_retries(
+                    partial(self._call_once, tool_choice=tool_choice, max_tokens=max_tokens)
+                )
             except PromptTooLongError as error:
                 too_long_attempts += 1
                 async with self.events.compactions():
@@ -523,12 +563,14 @@ class AgentRun(ToolCalls):
                     raise
                 # the pipeline made the request smaller: start counting attempts again
 
-    async def _call_once(self, attempt: int) -> ModelResponse:
+    async def _call_once(
+        self, attempt: int, *, tool_choice: str | None = None, max_tokens: int | None = None
+    ) -> ModelResponse:
         """One attempt of a model turn: commit the call row, send, commit the outcome."""
         env = self.env
         if not self.agent.context.system_prompt_snapshot:
             await self.rebuild_snapshot("rebuild")
-        request = self.build_request()
+        request = self.build_request(tool_choice=tool_choice, max_tokens=max_tokens)
         call_id = await env.store.begin_call(
             CallRecord(
                 run_id=self.id,

@@ -28,8 +28,9 @@ __all__ = [
     "session_usage",
 ]
 
-SessionStatus = Literal["done", "failed", "waiting"]
-"""``waiting``: paused until a pending tool approval is answered (then ``resume``)."""
+SessionStatus = Literal["done", "incomplete", "failed", "waiting"]
+"""``waiting``: paused until a pending tool approval is answered (then ``resume``);
+``incomplete``: a limit stopped the session and its result is the report it wrote."""
 
 
 class RunResult(BaseModel):
@@ -48,6 +49,11 @@ class RunResult(BaseModel):
     usage: Usage
     """Token usage of the whole session (every agent run in it)."""
     error: str | None = None
+    incomplete: bool = False
+    """A limit stopped the session's root run (for a graph: some task) and ``output`` is
+    the report it wrote at that point: the work is not finished (``status`` is ``done``)."""
+    stop_reason: str | None = None
+    """Which limit: ``max_turns``, ``timeout`` or ``budget``; ``None`` when none did."""
     _cause: BaseException | None = PrivateAttr(default=None)
 
     @property
@@ -69,7 +75,7 @@ class RunResult(BaseModel):
         return self
 
 
-TaskStatus = Literal["done", "failed", "cancelled"]
+TaskStatus = Literal["done", "incomplete", "failed", "cancelled"]
 
 
 class TaskResult(BaseModel):
@@ -81,11 +87,15 @@ class TaskResult(BaseModel):
     agent: str
     status: TaskStatus
     """``failed`` also covers a task that never ran because a dependency failed
-    (``run_id`` is then None); ``cancelled``: stopped by ``fail_fast``."""
+    (``run_id`` is then None); ``cancelled``: stopped by ``fail_fast``; ``incomplete``: a
+    limit stopped it and ``report`` is what it had found (its dependents receive it)."""
     report: str = ""
     """The task's final answer (in full; dependents receive it capped)."""
     run_id: str | None = None
     error: str | None = None
+    """Why it failed; for an incomplete task, which limit stopped it."""
+    stop_reason: str | None = None
+    """For an incomplete task: ``max_turns``, ``timeout`` or ``budget``."""
 
 
 class GraphResult(RunResult):
@@ -99,8 +109,9 @@ class GraphResult(RunResult):
 
     @property
     def failed(self) -> list[str]:
-        """Ids of the tasks that did not finish."""
-        return [t.id for t in self.tasks.values() if t.status != "done"]
+        """Ids of the tasks that did not finish (failed or cancelled; not incomplete ones,
+        which ended with a report)."""
+        return [t.id for t in self.tasks.values() if t.status in ("failed", "cancelled")]
 
 
 async def session_usage(store: Store, session_id: str, run_id: str | None = None) -> Usage:
@@ -129,21 +140,29 @@ async def build_result(
     cause: BaseException | None = None,
     tasks: dict[str, TaskResult] | None = None,
     output_type: type[BaseModel] | None = None,
+    stop_reason: str | None = None,
 ) -> RunResult:
     """The result of a session (a ``GraphResult`` when ``tasks`` are given), with the
     session's usage read from the store. Every result is built here. With ``output_type``
-    a finished session's output is that model, validated from its JSON."""
+    a finished session's output is that model, validated from its JSON.
+
+    An ``incomplete`` session is ``done`` with ``incomplete`` set (``stop_reason`` says
+    which limit; for a graph, its first incomplete task's); its output is the report it
+    wrote when it was stopped (text, never validated)."""
     typed: Any = output or ""
     if output_type is not None and status == "done" and output:
         typed = output_type.model_validate_json(output)
+    stopped = [t for t in (tasks or {}).values() if t.status == "incomplete"]
     fields = {
         "session_id": session_id,
         "run_id": run_id,
         "agent": agent,
-        "status": status,
+        "status": "failed" if status == "failed" else "done",
         "output": typed,
         "usage": await session_usage(store, session_id),
-        "error": error,
+        "error": error if status == "failed" else None,
+        "incomplete": status == "incomplete" or bool(stopped),
+        "stop_reason": stop_reason or (stopped[0].stop_reason if stopped else None),
     }
     result = RunResult(**fields) if tasks is None else GraphResult(**fields, tasks=tasks)
     result._cause = cause

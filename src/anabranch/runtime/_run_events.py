@@ -100,8 +100,15 @@ class RunEvents:
             )
             raise
 
-    def run_done(self, output: str) -> None:
-        self.emit(ev.RunFinished, status="done", output=output, turns=self._run.turns)
+    def run_done(self, output: str, stop_reason: str | None = None) -> None:
+        """``run_finished``; ``stop_reason`` when a limit ended the run with its report."""
+        self.emit(
+            ev.RunFinished,
+            status="done",
+            output=output,
+            turns=self._run.turns,
+            stop_reason=stop_reason,
+        )
 
     # ------------------------------------------------------------------ model calls
     def call_started(self, request: ModelRequest, attempt: int, purpose: str | None) -> None:

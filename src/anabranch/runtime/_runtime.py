@@ -7,7 +7,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal
 
@@ -15,7 +15,8 @@ import anyio
 import anyio.abc
 from opentelemetry import trace
 
-from anabranch.agents import Agent, Graph
+from anabranch.agents import Agent, Budget, Graph
+from anabranch.context._pricing import PriceTable
 from anabranch.errors import (
     SessionNotFoundError,
     UserError,
@@ -26,6 +27,13 @@ from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime import _queued
 from anabranch.runtime._approval import PendingApproval, decide, pending_approvals
+from anabranch.runtime._budgets import (
+    check_budget,
+    check_tenant_budgets,
+    open_limits,
+    refuse_continue,
+    refuse_start,
+)
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.runtime._compactor import CompactingPipeline, CompactionOutcome
 from anabranch.runtime._conversation import check_message, finished_root, stream_session
@@ -44,8 +52,15 @@ from anabranch.runtime._loop import AgentRun, new_id
 from anabranch.runtime._memory import ForgetTool, LogTool, RememberTool, memory_session_start
 from anabranch.runtime._pipeline import ContextPipeline
 from anabranch.runtime._recall import RecallTool
-from anabranch.runtime._results import GraphResult, RunResult, build_result, session_usage
+from anabranch.runtime._results import (
+    GraphResult,
+    RunResult,
+    SessionStatus,
+    build_result,
+    session_usage,
+)
 from anabranch.runtime._rewind import rewind_run
+from anabranch.runtime._run_limits import SessionLimits, continue_notice, parse_stop
 from anabranch.runtime._session import SessionDriver, SessionEnd
 from anabranch.runtime._spawn import SpawnLimits, SpawnTool
 from anabranch.runtime._task_input import task_message, task_text
@@ -56,6 +71,8 @@ from anabranch.traces import Tracing
 __all__ = ["Runtime", "default_builtins", "default_pipeline"]
 
 DEFAULT_DB = "anabranch.db"
+_ENDED = ("done", "incomplete", "failed")
+"""Statuses of a root run that has ended with a result."""
 
 
 def default_builtins() -> tuple[BuiltinTool, ...]:
@@ -76,6 +93,7 @@ def agent_outline(agent: Agent) -> dict[str, Any]:
         "threshold": agent.context.threshold,
         "tools": [t.name for t in agent.tools],
         "subagents": [agent_outline(a) for a in agent.subagents],
+        **({"budget": agent.budget.model_dump(mode="json")} if agent.budget else {}),
     }
 
 
@@ -101,6 +119,8 @@ class Runtime:
             runtime drives, in order, from a task of its own: a slow callback never slows
             the run (its deltas are merged while it lags); ``run`` returns once it has
             seen the session's ``session_finished``. May be async.
+        budgets: budgets per tenant (``{"acme": Budget(max_cost_usd=200, per="day")}``),
+            kept in the store (every process on it shares them); ``prices``: their prices.
     """
 
     def __init__(
@@ -120,6 +140,8 @@ class Runtime:
         graphs: Sequence[Graph] = (),
         spawn_limits: SpawnLimits | None = None,
         on_event: EventCallback | None = None,
+        budgets: Mapping[str, Budget] | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         chosen = db if db is not None else os.environ.get("ANABRANCH_DB", DEFAULT_DB)
         self._db = os.fspath(chosen)
@@ -135,6 +157,8 @@ class Runtime:
         self._agents: dict[str, Agent] = {a.name: a for a in agents}
         self.graphs: dict[str, Graph] = {g.name: g for g in graphs}
         self.spawn_limits = spawn_limits or SpawnLimits()
+        self.budgets = check_tenant_budgets(budgets)
+        self.prices = prices or PriceTable()
         self._given_store = store
         self._store: Store | None = None
         self._owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -199,8 +223,8 @@ class Runtime:
             raise UserError("the runtime is not open: use 'async with Runtime(...) as rt'")
         return self._session_driver
 
-    def environment(self, session_id: str) -> Environment:
-        """The shared environment for runs of one session."""
+    def environment(self, session_id: str, limits: SessionLimits | None = None) -> Environment:
+        """The shared environment for runs of one session (under ``limits``)."""
         return Environment(
             store=self.store,
             model=self.model,
@@ -209,9 +233,29 @@ class Runtime:
             tracing=self.tracing,
             pipeline=self.pipeline,
             builtins=self.builtins,
-            extras={"spawn_limits": self.spawn_limits},
+            extras={
+                "spawn_limits": self.spawn_limits,
+                "limits": limits or SessionLimits(session_id=session_id, prices=self.prices),
+            },
             events=self.events,
         )
+
+    async def session_environment(
+        self,
+        session_id: str,
+        *,
+        budget: Budget | None = None,
+        tenant: str | None = None,
+        fresh: bool = False,
+    ) -> Environment:
+        """The environment of a new (``fresh``) or continued session under its budgets."""
+        given = (budget, tenant, fresh)
+        limits = await open_limits(self.store, session_id, *given, self.budgets, self.prices)
+        return self.environment(session_id, limits)
+
+    async def _check_limits(self, what: str, budget: Budget | None, tenant: str | None) -> None:
+        check_budget(budget, tenant)  # bad arguments, or no budget left: one-line errors
+        await refuse_start(self.store, what, budget, tenant, self.budgets)
 
     def register(self, *definitions: Agent | Graph) -> None:
         """Make agents (and graphs) resumable by name in this process."""
@@ -256,6 +300,8 @@ class Runtime:
         *,
         source: str | None = None,
         on_session: Callable[[str], None] | None = None,
+        budget: Budget | None = None,
+        tenant: str | None = None,
     ) -> RunResult:
         """Run ``agent`` on ``task`` in a new session and return its result.
 
@@ -267,14 +313,18 @@ class Runtime:
                 (one user turn, in that order).
             source: ``file.py:name`` the agent came from, so another process can resume it.
             on_session: called with the session id as soon as the session is committed.
+            budget: what the whole session may spend (at it: reports, ``incomplete``).
+            tenant: who the session spends for (``Runtime(budgets=...)``).
 
         Raises:
-            UserError: not an agent, or an empty task.
+            UserError: not an agent, an empty task, a bad budget or tenant.
+            BudgetExceeded: the tenant has no budget left.
         """
         if not isinstance(agent, Agent):
             raise UserError(f"run() needs an Agent, got {type(agent).__name__}")
         first = task_message(task)
         text = task if isinstance(task, str) else task_text(first)
+        await self._check_limits(repr(agent.name), budget, tenant)
         self.register(agent)
         session_id = await self.open_session(
             kind="agent",
@@ -284,7 +334,7 @@ class Runtime:
             outline=agent_outline(agent),
             on_session=on_session,
         )
-        env = self.environment(session_id)
+        env = await self.session_environment(session_id, budget=budget, tenant=tenant, fresh=True)
 
         async def start() -> AgentRun:
             await memory_session_start(env, agent)
@@ -320,14 +370,19 @@ class Runtime:
         *,
         source: str | None = None,
         on_session: Callable[[str], None] | None = None,
+        budget: Budget | None = None,
+        tenant: str | None = None,
     ) -> GraphResult:
         """Run a task graph in a new session; returns every task's status and report.
 
         A failed task shows in ``GraphResult.tasks`` (and ``status`` is ``failed``), the
-        same rule as ``run``. Resume an interrupted graph with ``resume(session_id)``.
+        same rule as ``run``. A task stopped by a limit is ``incomplete``: its report still
+        goes to its dependents. ``budget`` and ``tenant`` work as for ``run``. Resume an
+        interrupted graph with ``resume(session_id)``.
         """
         if not isinstance(graph, Graph):
             raise UserError(f"run_graph() needs a Graph, got {type(graph).__name__}")
+        await self._check_limits(f"graph {graph.name!r}", budget, tenant)
         self.register(graph)
         session_id = await self.open_session(
             kind="graph",
@@ -337,30 +392,40 @@ class Runtime:
             outline=graph_outline(graph),
             on_session=on_session,
         )
-        return await drive_graph(self.environment(session_id), self._driver, graph)
+        env = await self.session_environment(session_id, budget=budget, tenant=tenant, fresh=True)
+        return await drive_graph(env, self._driver, graph)
 
-    async def resume(self, session_id: str, agent: Agent | None = None) -> RunResult:
+    async def resume(
+        self, session_id: str, agent: Agent | None = None, *, budget: Budget | None = None
+    ) -> RunResult:
         """Continue a session from wherever it stopped; a finished one returns its result
         (a ``GraphResult`` for a graph session). The failure rule is ``run``'s.
+
+        ``budget``: a new budget for the session (its spend so far counts); a session a
+        limit stopped then continues. Without it the session keeps its budget.
 
         Raises:
             SessionNotFoundError: no such session.
             SessionBusyError: another live process is driving it.
         """
+        check_budget(budget)
         session = await self.store.get_session(session_id)
         if session is None:
             raise SessionNotFoundError(session_id)
         if session.kind == "graph":
             graph = resolve_graph(session, self.graphs, self.register)
-            return await resume_graph(self.environment(session_id), self._driver, graph, session)
+            env = await self.session_environment(session_id, budget=budget)
+            return await resume_graph(env, self._driver, graph, session)
         if session.kind != "agent":
             raise UserError(f"cannot resume a session of kind {session.kind!r}")
         root = await self._root_run(session_id)
-        if root is not None and root.status in ("done", "failed"):
+        stopped = root if root is not None and root.status == "incomplete" and budget else None
+        if root is not None and root.status in _ENDED and stopped is None:
             # Nothing left to run (the process may have stopped before the session's
             # status was committed: record it now).
+            status: SessionStatus = "incomplete" if root.status == "incomplete" else "done"
             end = SessionEnd(
-                "done" if root.status == "done" else "failed",
+                "failed" if root.status == "failed" else status,
                 output=root.output or "",
                 error=root.error,
             )
@@ -369,22 +434,35 @@ class Runtime:
                     await self._driver.record(session_id, end)
             return await self._result(session_id, root.id, root.agent_name, end)
         root_agent = self.resolve_agent(session, agent)
-        env = self.environment(session_id)
+        env = await self.session_environment(session_id, budget=budget)
+        if stopped is not None:
+            await refuse_continue(env.extras["limits"], session_id)
 
         async def load() -> AgentRun:
             if root is None:  # crashed before the first message was committed
                 return await AgentRun.start(env, root_agent, session.task)
-            return await AgentRun.load(env, root_agent, root)
+            run = await AgentRun.load(env, root_agent, root)
+            if stopped is not None:  # a limit stopped it: continue under the new budget
+                await run.continue_with(continue_notice(stopped, budget))
+            return run
 
         return await self._drive_agent(
             session_id, root_agent.name, load, task=session.task, resumed=True
         )
 
-    async def send(self, session_id: str, message: str, agent: Agent | None = None) -> RunResult:
+    async def send(
+        self,
+        session_id: str,
+        message: str,
+        agent: Agent | None = None,
+        *,
+        budget: Budget | None = None,
+    ) -> RunResult:
         """Continue a finished session's conversation: ``message`` becomes the root
         agent's next user turn, in the same context (compaction, snapshot and the
         write-ahead log apply as to any turn). Returns this turn's result (the failure
-        rule is ``run``'s).
+        rule is ``run``'s). ``budget``: a new budget for the session from this turn on
+        (default: the one it had; its spend so far counts against it).
 
         Raises:
             SessionNotFoundError: no such session.
@@ -395,7 +473,8 @@ class Runtime:
         root_agent, root = await finished_root(
             self.store, session_id, lambda session: self.resolve_agent(session, agent)
         )
-        env = self.environment(session_id)
+        check_budget(budget)
+        env = await self.session_environment(session_id, budget=budget)
 
         async def load_and_continue() -> AgentRun:
             run = await AgentRun.load(env, root_agent, root)
@@ -510,7 +589,12 @@ class Runtime:
             nonlocal run_id
             run = await open_run()
             run_id = run.id
-            return SessionEnd("done", output=await run.drive())
+            output = await run.drive()
+            if run.stop is not None:
+                return SessionEnd("incomplete", output=output, error=run.stop.describe())
+            if run.record.status == "incomplete":  # it had ended so before this drive
+                return SessionEnd("incomplete", output=output, error=run.record.error)
+            return SessionEnd("done", output=output)
 
         async def result(end: SessionEnd) -> RunResult:
             if not run_id:  # the root run could not even be opened
@@ -533,6 +617,7 @@ class Runtime:
             error=end.error,
             cause=end.cause,
             output_type=agent.output_type if (agent := self._agents.get(agent_name)) else None,
+            stop_reason=parse_stop(end.error)[0] if end.status == "incomplete" else None,
         )
 
     async def rewind(self, session_id: str, run_id: str, boundary_id: int) -> BoundaryRecord:

@@ -165,5 +165,5 @@ class SessionDriver:
         """Record a session's end (the caller holds its lease)."""
         if isinstance(end.cause, AnabranchError):
             end.cause.session_id = session_id
-        output = end.output if end.status == "done" else None
+        output = end.output if end.status in ("done", "incomplete") else None
         await self.store.set_session_status(session_id, end.status, output=output, error=end.error)

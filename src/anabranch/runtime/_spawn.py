@@ -31,6 +31,7 @@ from anabranch.messages import (
 from anabranch.runtime._builtins import ToolOutcome
 from anabranch.runtime._children import RunOutcome, capped_report, drive_to_outcome, open_run
 from anabranch.runtime._memory import inherit_memory
+from anabranch.runtime._run_limits import parse_stop, session_limits
 from anabranch.store import RunRecord
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ def fork_definition(parent: Agent, role: Agent, report_tokens: int) -> Agent:
             "context": role.context,
             "max_turns": role.max_turns,
             "timeout": role.timeout,
+            "budget": role.budget,
+            "on_limit": role.on_limit,
             "max_report_tokens": report_tokens,
         }
     )
@@ -184,13 +187,14 @@ class SpawnTool:
         cap = self._report_cap(run, role)
         existing = await env.store.find_child_run(run.id, call.id)
         if existing is not None and existing.status != "running":
-            status: Literal["done", "failed"] = "done" if existing.status == "done" else "failed"
-            stored = RunOutcome(existing.id, status, existing.output or "", existing.error)
+            stored = RunOutcome.of_record(existing)
             return await self._tool_result(run, call, role, stored, cap)
         state = env.extras.setdefault("spawn_children", _SessionSpawns())
         assert isinstance(state, _SessionSpawns)
         if existing is None:
-            refusal = self._refusal(run, role, state)
+            refusal = self._refusal(run, role, state) or await session_limits(env).spawn_refusal(
+                run, role
+            )
             if refusal is not None:
                 return ToolOutcome(refusal, is_error=True)
         state.active += 1
@@ -211,9 +215,10 @@ class SpawnTool:
             child_run_id=outcome.run_id,
             child_agent=role.name,
             call_id=call.id,
-            status=outcome.status,
+            status="failed" if outcome.status == "failed" else "done",
             chars=len(outcome.output),
             error=outcome.error,
+            stop_reason=parse_stop(outcome.stop)[0],
         )
         return await self._tool_result(run, call, role, outcome, cap)
 
@@ -280,13 +285,8 @@ class SpawnTool:
     async def _tool_result(
         self, run: AgentRun, call: ToolUseBlock, role: Agent, outcome: RunOutcome, cap: int
     ) -> ToolOutcome:
-        """The parent's tool result: the capped report, or the child's error."""
-        if outcome.status != "done":
-            return ToolOutcome(
-                f"Sub-agent {role.name} (run {outcome.run_id}) failed: "
-                f"{outcome.error or 'unknown error'}",
-                is_error=True,
-            )
+        """The parent's tool result: the capped report (an incomplete one says so and why),
+        or the child's error with the runtime's record of what it had found."""
         report = await capped_report(
             run.env.store,
             outcome.output,
@@ -295,4 +295,18 @@ class SpawnTool:
             owner_run_id=run.id,
             call_id=call.id,
         )
+        if outcome.status == "failed":
+            found = f"\nWhat the runtime recorded of its findings:\n{report}" if report else ""
+            return ToolOutcome(
+                f"Sub-agent {role.name} (run {outcome.run_id}) failed: "
+                f"{outcome.error or 'unknown error'}{found}",
+                is_error=True,
+            )
+        if outcome.status == "incomplete":
+            _, why = parse_stop(outcome.stop)
+            header = (
+                f"[incomplete report of sub-agent {role.name}, run {outcome.run_id}: "
+                f"{why or 'stopped by a limit'}; it did not finish its task]"
+            )
+            return ToolOutcome(f"{header}\n{report}")
         return ToolOutcome(f"[report of sub-agent {role.name}, run {outcome.run_id}]\n{report}")

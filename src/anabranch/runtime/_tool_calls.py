@@ -20,6 +20,7 @@ from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._history import attachments_from_json, attachments_json
 from anabranch.runtime._run_events import RunEvents
+from anabranch.runtime._run_limits import session_limits
 from anabranch.runtime._tool_exec import run_user_tool
 from anabranch.store import ToolEventRecord
 
@@ -85,12 +86,22 @@ class ToolCalls:
                 outcomes[use.id] = outcome
                 self.events.tool_finished(use, outcome)
 
-        if len(todo) == 1:
-            await run_one(todo[0])
-        elif todo:
-            async with anyio.create_task_group() as group:
-                for use in todo:
-                    group.start_soon(run_one, use)
+        limits = session_limits(self.env)
+        deadline = limits.deadline(self.id)
+        if todo and anyio.current_time() < deadline:
+            with anyio.CancelScope(deadline=deadline):  # the time limit cuts tools off
+                if len(todo) == 1:
+                    await run_one(todo[0])
+                else:
+                    async with anyio.create_task_group() as group:
+                        for use in todo:
+                            group.start_soon(run_one, use)
+        for use in todo:
+            if use.id not in outcomes:  # cut off by the run's time limit
+                text = await limits.cut_off(self.env, self.id, self.agent, use)
+                outcome = ToolOutcome(text, is_error=True)
+                await self.env.store.record_tool_event(self._finished_event(use, outcome))
+                outcomes[use.id] = outcome
         gate.raise_if_waiting(self.as_view())
         results = []
         for use in uses:

@@ -17,8 +17,11 @@ from anabranch.store._records import HistoryHit as HistoryHit
 from anabranch.store._records import MessageRecord as MessageRecord
 from anabranch.store._records import RunRecord as RunRecord
 from anabranch.store._records import RunStatus as RunStatus
+from anabranch.store._records import SessionBudgetRecord as SessionBudgetRecord
 from anabranch.store._records import SessionRecord as SessionRecord
 from anabranch.store._records import SnapshotRecord as SnapshotRecord
+from anabranch.store._records import SpendRecord as SpendRecord
+from anabranch.store._records import SpendTotal as SpendTotal
 from anabranch.store._records import SpillRecord as SpillRecord
 from anabranch.store._records import ToolEvent as ToolEvent
 from anabranch.store._records import ToolEventRecord as ToolEventRecord
@@ -34,8 +37,11 @@ __all__ = [
     "RunRecord",
     "RunStatus",
     "SQLiteStore",
+    "SessionBudgetRecord",
     "SessionRecord",
     "SnapshotRecord",
+    "SpendRecord",
+    "SpendTotal",
     "SpillRecord",
     "Store",
     "ToolEvent",

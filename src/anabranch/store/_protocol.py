@@ -21,8 +21,11 @@ from anabranch.store._records import (
     MessageRecord,
     RunRecord,
     RunStatus,
+    SessionBudgetRecord,
     SessionRecord,
     SnapshotRecord,
+    SpendRecord,
+    SpendTotal,
     SpillRecord,
     ToolEventRecord,
 )
@@ -233,4 +236,21 @@ class Store(Protocol):
 
     async def run_context_limits(self, session_id: str) -> list[ContextLimitRecord]:
         """The limits the session's runs started with or learned, oldest first."""
+        ...
+
+    async def add_spend(self, spend: SpendRecord) -> None:
+        """Commit one call's spend for a tenant (every process on the store sees it)."""
+        ...
+
+    async def tenant_spend(self, tenant: str, since: float) -> SpendTotal:
+        """The tenant's spend recorded at or after ``since`` (epoch seconds), summed in
+        the database."""
+        ...
+
+    async def set_session_budget(self, record: SessionBudgetRecord) -> None:
+        """Record the budget (and tenant) a session runs under from now on."""
+        ...
+
+    async def session_budget(self, session_id: str) -> SessionBudgetRecord | None:
+        """The latest budget record of the session, if it has one."""
         ...

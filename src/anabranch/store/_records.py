@@ -13,15 +13,19 @@ __all__ = [
     "MessageRecord",
     "RunRecord",
     "RunStatus",
+    "SessionBudgetRecord",
     "SessionRecord",
     "SnapshotRecord",
+    "SpendRecord",
+    "SpendTotal",
     "SpillRecord",
     "ToolEvent",
     "ToolEventRecord",
 ]
 
-RunStatus = Literal["running", "done", "failed", "cancelled", "waiting"]
-"""``waiting`` (sessions only): paused until a pending tool approval is answered."""
+RunStatus = Literal["running", "done", "incomplete", "failed", "cancelled", "waiting"]
+"""``waiting`` (sessions only): paused until a pending tool approval is answered;
+``incomplete``: a limit stopped the run and it ended with a report of what it found."""
 ToolEvent = Literal["started", "finished", "approval_requested", "approval_decided"]
 
 
@@ -203,3 +207,37 @@ class ContextLimitRecord:
     source: Literal["learned", "configured"]
     created: float
     run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class SpendRecord:
+    """Tokens and estimated dollars one model call spent for a tenant."""
+
+    tenant: str
+    session_id: str
+    run_id: str
+    tokens: int
+    cost_usd: float
+    created: float
+
+
+@dataclass(frozen=True)
+class SpendTotal:
+    """A tenant's spend summed over a period."""
+
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class SessionBudgetRecord:
+    """The budget a session runs under, and the tenant it spends for (latest row wins:
+    a session continued with a new budget gets a new row)."""
+
+    session_id: str
+    created: float
+    tenant: str | None = None
+    budget: str | None = None
+    """JSON of the session's ``Budget``; None: no session budget."""
+    tenant_budget: str | None = None
+    """JSON of the tenant's ``Budget`` when the session started (for ``show``)."""

@@ -23,7 +23,7 @@ from anabranch.errors import (
     PromptTooLongError,
     RateLimitedError,
 )
-from anabranch.messages import ModelResponse, ToolResultBlock, Usage
+from anabranch.messages import ModelResponse, ToolResultBlock, ToolUseBlock, Usage
 from anabranch.models._base import Model
 from anabranch.testing._cache import PromptCache, prefix_blocks
 from anabranch.testing._clouds import CloudRoute, as_messages_request, bedrock_reply, cloud_route
@@ -308,6 +308,11 @@ class MessagesApp:
                 raise APIFailure(500, "api_error", "Internal server error") from exc
         if any(isinstance(b, ToolResultBlock) for b in response.content):
             trace.error_message = "the policy answered with a tool_result block"
+            raise APIFailure(500, "api_error", "Internal server error")
+        if request.settings.tool_choice == "none" and any(
+            isinstance(b, ToolUseBlock) for b in response.content
+        ):  # the real API never calls a tool when told not to
+            trace.error_message = "the policy called a tool under tool_choice none"
             raise APIFailure(500, "api_error", "Internal server error")
         blocks = prefix_blocks(request, wire.cache_marks, salt=wire.salt)
         usage = self.cache.account(request.model, blocks, estimate_request(request))

@@ -153,7 +153,8 @@ class TestModel:
 
     Each user task gets ``rounds`` turns of tool calls (every tool once per turn; a tool
     with an enum parameter once per enum value, so a supervisor spawns each sub-agent),
-    then a final text answer summarising the tool results it saw. A compaction request
+    then a final text answer summarising the tool results it saw (at once when the request
+    says ``tool_choice="none"``). A compaction request
     (a user turn asking for ``<summary>``) is answered with an ``<analysis>``/``<summary>``.
     Tool ids carry their round number, so the count survives compaction: a compacted
     context's opening turn is not a new task. Tools in ``skip_tools`` (the built-in
@@ -207,6 +208,8 @@ class TestModel:
             return [TextBlock(text=self._summary(request.messages[:-1]))]
         rounds_done = self._rounds_since_task(request.messages)
         callable_tools = [t for t in request.tools if t.name not in self.skip_tools]
+        if request.settings.tool_choice == "none":
+            callable_tools = []
         if callable_tools and rounds_done < self.rounds:
             return self._tool_calls(request, callable_tools, rounds_done)
         schema = schema_in("\n".join(b.text for b in request.system))
@@ -325,6 +328,8 @@ class FunctionModel:
 
     The function receives the ``ModelRequest`` and returns a ``ModelResponse``, a string
     (one text block) or a list of blocks. Raise a ``ModelError`` to simulate API errors.
+    As with the real API, a request with ``tool_choice="none"`` must not be answered with
+    a tool call (``ValueError``).
     Every request is kept in ``requests``.
     """
 
@@ -337,7 +342,14 @@ class FunctionModel:
         result = self.function(request)
         if inspect.isawaitable(result):
             result = await result
-        if isinstance(result, ModelResponse):
-            return result
-        content: list[Block] = [TextBlock(text=result)] if isinstance(result, str) else list(result)
-        return response_for(request, content)
+        response = (
+            result
+            if isinstance(result, ModelResponse)
+            else response_for(
+                request, [TextBlock(text=result)] if isinstance(result, str) else list(result)
+            )
+        )
+        if request.settings.tool_choice == "none" and response.to_message().tool_uses:
+            # the real API never calls a tool when told not to: a function that does is wrong
+            raise ValueError("the function called a tool in a request with tool_choice 'none'")
+        return response

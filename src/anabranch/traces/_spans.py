@@ -587,6 +587,46 @@ class Tracing:
     def memory_result(self, span: Span, attributes: Mapping[str, Any]) -> None:
         _safe_set(span, {f"anabranch.memory.{k}": v for k, v in attributes.items()})
 
+    # ------------------------------------------------------------------ limits
+    def limit_soft(
+        self,
+        *,
+        scope: str,
+        share: float,
+        remaining_tokens: int | None,
+        remaining_usd: float | None,
+    ) -> None:
+        """A budget passed its soft share: the agent is told in its next user turn."""
+        self.event(
+            trace.get_current_span(),
+            "anabranch.limit.soft",
+            {
+                "anabranch.limit.scope": scope,
+                "anabranch.limit.spent_share": round(share, 4),
+                "anabranch.budget.remaining_tokens": remaining_tokens,
+                "anabranch.budget.remaining_usd": remaining_usd,
+            },
+        )
+
+    def limit_reached(
+        self,
+        *,
+        reason: str,
+        detail: str,
+        remaining_tokens: int | None,
+        remaining_usd: float | None,
+    ) -> None:
+        """A limit stopped the current agent run (its span gets the attributes too)."""
+        attributes = {
+            "anabranch.limit.reason": reason,
+            "anabranch.limit.detail": detail,
+            "anabranch.budget.remaining_tokens": remaining_tokens,
+            "anabranch.budget.remaining_usd": remaining_usd,
+        }
+        span = trace.get_current_span()
+        self.event(span, "anabranch.limit.reached", attributes)
+        _safe_set(span, {k: v for k, v in attributes.items() if v is not None})
+
     # ------------------------------------------------------------------ misc
     def event(self, span: Span, name: str, attributes: Mapping[str, Any]) -> None:
         try:

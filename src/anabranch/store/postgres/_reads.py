@@ -13,8 +13,10 @@ from anabranch.store._records import (
     HistoryHit,
     MessageRecord,
     RunRecord,
+    SessionBudgetRecord,
     SessionRecord,
     SnapshotRecord,
+    SpendTotal,
     SpillRecord,
     ToolEventRecord,
 )
@@ -353,6 +355,26 @@ class Reads:
             (session_id,),
         )
         return [ContextLimitRecord(**row) for row in rows]
+
+    # ----------------------------------------------------------------- budgets
+    async def tenant_spend(self, tenant: str, since: float) -> SpendTotal:
+        """The tenant's spend recorded at or after ``since``, summed in the database."""
+        row = await self._one(
+            "SELECT COALESCE(SUM(tokens), 0) AS tokens, COALESCE(SUM(cost_usd), 0.0) AS cost "
+            "FROM tenant_spend WHERE tenant = %s AND created >= %s",
+            (tenant, since),
+        )
+        assert row is not None
+        return SpendTotal(tokens=int(row["tokens"]), cost_usd=float(row["cost"]))
+
+    async def session_budget(self, session_id: str) -> SessionBudgetRecord | None:
+        """The latest budget record of the session, if it has one."""
+        row = await self._one(
+            "SELECT session_id, created, tenant, budget, tenant_budget FROM session_budgets "
+            "WHERE session_id = %s ORDER BY id DESC LIMIT 1",
+            (session_id,),
+        )
+        return SessionBudgetRecord(**row) if row else None
 
     # ----------------------------------------------------------------- cache breaks, spans
     async def list_cache_breaks(self, session_id: str) -> list[dict[str, Any]]:

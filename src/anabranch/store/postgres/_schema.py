@@ -145,14 +145,32 @@ CREATE INDEX spills_search ON spills USING gin (to_tsvector('simple'::regconfig,
 """
 
 
-def _append_only_triggers() -> str:
+_V2_BUDGETS = """
+CREATE TABLE tenant_spend (
+    id bigserial PRIMARY KEY, tenant text NOT NULL, session_id text NOT NULL,
+    run_id text NOT NULL, tokens bigint NOT NULL, cost_usd double precision NOT NULL,
+    created double precision NOT NULL);
+CREATE INDEX tenant_spend_period ON tenant_spend (tenant, created);
+CREATE TABLE session_budgets (
+    id bigserial PRIMARY KEY, session_id text NOT NULL, tenant text, budget text,
+    tenant_budget text, created double precision NOT NULL);
+CREATE INDEX session_budgets_session ON session_budgets (session_id, id);
+"""
+"""Tenants' spend (one row per call, summed over a period) and sessions' budgets."""
+BUDGET_TABLES = ("tenant_spend", "session_budgets")
+
+
+def _append_only_triggers(tables: tuple[str, ...] = APPEND_ONLY) -> str:
     return "\n".join(
         f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {table} "
         "FOR EACH STATEMENT EXECUTE FUNCTION refuse_change();"
-        for table in APPEND_ONLY
+        for table in tables
     )
 
 
-MIGRATIONS: list[str] = [_V1 + _append_only_triggers()]
+MIGRATIONS: list[str] = [
+    _V1 + _append_only_triggers(),
+    _V2_BUDGETS + _append_only_triggers(BUDGET_TABLES),
+]
 """One script per schema version; each runs in one transaction with the previous ones."""
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -18,6 +18,7 @@ import re
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any, Literal, TypeVar
 
 from anabranch._process import pid_alive
@@ -30,8 +31,10 @@ from anabranch.store._records import (
     MessageRecord,
     RunRecord,
     RunStatus,
+    SessionBudgetRecord,
     SessionRecord,
     SnapshotRecord,
+    SpendRecord,
     ToolEventRecord,
 )
 from anabranch.store._rows import call_row, message_row, run_row, snapshot_row, tool_event_row
@@ -509,6 +512,18 @@ class PostgresStore(Reads):
                 f"INSERT INTO context_limits ({columns}) VALUES ({marks})", tuple(values.values())
             ),
             run=limit.run_id,
+        )
+
+    async def add_spend(self, spend: SpendRecord) -> None:
+        """Commit one call's spend for a tenant (every process on the store sees it)."""
+        values = asdict(spend)
+        await self._write(lambda conn: _insert(conn, "tenant_spend", values), run=spend.run_id)
+
+    async def set_session_budget(self, record: SessionBudgetRecord) -> None:
+        """Record the budget (and tenant) a session runs under from now on."""
+        values = asdict(record)
+        await self._write(
+            lambda conn: _insert(conn, "session_budgets", values), session=record.session_id
         )
 
     async def add_run_span(self, session_id: str, run_id: str, trace_id: str, span_id: str) -> None:

@@ -306,6 +306,35 @@ def _v7_context_limits(db: sqlite_utils.Database) -> None:
     db.table("context_limits").create_index(["run_id"])
 
 
+def _v8_budgets(db: sqlite_utils.Database) -> None:
+    """Tenants' spend (one row per call, summed over a period) and sessions' budgets."""
+    db.table("tenant_spend").create(
+        {
+            "id": int,
+            "tenant": str,
+            "session_id": str,
+            "run_id": str,
+            "tokens": int,
+            "cost_usd": float,
+            "created": float,
+        },
+        pk="id",
+    )
+    db.table("tenant_spend").create_index(["tenant", "created"])
+    db.table("session_budgets").create(
+        {
+            "id": int,
+            "session_id": str,
+            "tenant": str,
+            "budget": str,
+            "tenant_budget": str,
+            "created": float,
+        },
+        pk="id",
+    )
+    db.table("session_budgets").create_index(["session_id"])
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1,
     _v2_call_prefix,
@@ -314,6 +343,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v5_history_search_external,
     _v6_content_blobs,
     _v7_context_limits,
+    _v8_budgets,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

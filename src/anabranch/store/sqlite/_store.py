@@ -28,6 +28,7 @@ from anabranch.store._records import (
     SnapshotRecord,
 )
 from anabranch.store._rows import run_row
+from anabranch.store.sqlite._budgets import SQLiteBudgets
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._history import SQLiteHistory
 from anabranch.store.sqlite._limits import SQLiteContextLimits
@@ -44,7 +45,7 @@ from anabranch.store.sqlite._rows import (
 __all__ = ["SQLiteStore", "Synchronous"]
 
 
-class SQLiteStore(SQLiteHistory, SQLiteContextLimits):
+class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
     """Async store over one SQLite file. Open with ``await SQLiteStore.open(path)``."""
 
     def __init__(self, path: Path, sql: GroupCommitConnection) -> None:

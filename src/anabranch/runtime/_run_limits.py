@@ -1,0 +1,533 @@
+"""Limits that end well: a run stopped by its turn limit, its time limit or a budget ends
+with one final model call without tools that reports what it found.
+
+One ``SessionLimits`` per session keeps the spend ledger of the session's tree (each run's
+own spend; a child's spend counts toward every ancestor's and the session's) and the
+budgets that apply: the session's, each agent run's (its definition's ``budget``, over its
+subtree) and the tenant's (over a day or a month, shared through ``TenantLedger``).
+
+The loop asks it at two points and tells it one thing:
+
+- ``next_turn(run)`` while it builds the user turn that follows a tool turn: a stop (the
+  turn then carries the stop notice and the final call follows) or soft-limit notes to add
+  to that turn. Notices only ever enter a new user turn, never the cached prefix.
+- ``before_call(run)`` before a model call whose user turn is already committed (a resumed
+  run, a deadline that passed while a call was in flight): a stop, or ``None``.
+- ``charge(run, model, usage)`` after every model call, summarizer calls included.
+"""
+
+from __future__ import annotations
+
+import calendar
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import anyio
+
+from anabranch import events as ev
+from anabranch.agents import Agent, Budget
+from anabranch.context._pricing import PriceTable
+from anabranch.messages import TextBlock, ToolUseBlock, Usage
+from anabranch.runtime._findings import findings_record, settle_subtree
+from anabranch.runtime._report import summarizer_usage
+from anabranch.store import RunRecord, Store
+
+if TYPE_CHECKING:
+    from anabranch.runtime._loop import AgentRun, Environment
+
+__all__ = [
+    "LimitStop",
+    "SessionLimits",
+    "Spend",
+    "StopReason",
+    "TenantLedger",
+    "TurnNotes",
+    "continue_notice",
+    "parse_stop",
+    "period_start",
+    "session_limits",
+    "usage_tokens",
+]
+
+StopReason = Literal["max_turns", "timeout", "budget"]
+
+REPORT_GRACE = 60.0
+"""Seconds at most a timed-out run gets, past its deadline, for its final report."""
+CHILD_TIME_SHARE = 0.9
+"""A child must be done within this share of its parent's remaining time."""
+
+STOP_NOTICE = (
+    "[limit reached] You have reached {detail}. You can no longer call tools. Write your "
+    "final report now: what you found (with its sources), what is still open, and say "
+    "plainly that the work is incomplete."
+)
+NOT_RUN = "Not run: the run reached {detail} before this tool call could finish."
+
+
+def usage_tokens(usage: Usage) -> int:
+    """Paid tokens of one call: uncached, cache-read and cache-write input, and output."""
+    return usage.total_input_tokens + usage.output_tokens
+
+
+@dataclass
+class Spend:
+    """Tokens and estimated dollars spent."""
+
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+    def add(self, other: Spend) -> None:
+        self.tokens += other.tokens
+        self.cost_usd += other.cost_usd
+
+    def __add__(self, other: Spend) -> Spend:
+        return Spend(self.tokens + other.tokens, self.cost_usd + other.cost_usd)
+
+
+def _share(spent: Spend, budget: Budget) -> float:
+    """The largest share of any of the budget's limits that ``spent`` uses."""
+    shares = [0.0]
+    if budget.max_tokens is not None:
+        shares.append(spent.tokens / budget.max_tokens)
+    if budget.max_cost_usd is not None:
+        shares.append(spent.cost_usd / budget.max_cost_usd)
+    return max(shares)
+
+
+def _left(spent: Spend, budget: Budget) -> str:
+    parts = []
+    if budget.max_tokens is not None:
+        left = max(budget.max_tokens - spent.tokens, 0)
+        parts.append(f"{left:,} of {budget.max_tokens:,} tokens")
+    if budget.max_cost_usd is not None:
+        left_usd = max(budget.max_cost_usd - spent.cost_usd, 0.0)
+        parts.append(f"${left_usd:,.2f} of ${budget.max_cost_usd:,.2f}")
+    return " and ".join(parts)
+
+
+@dataclass(frozen=True)
+class LimitStop:
+    """Why a run is stopped: which limit, in words a model and a person can read."""
+
+    reason: StopReason
+    detail: str
+    """e.g. ``its turn limit (max_turns=8)`` or ``the session budget (2,000,000 tokens)``."""
+    scope: str = ""
+    """For a budget: ``session``, ``tenant <name>`` or ``agent <name>``."""
+
+    def describe(self) -> str:
+        """What is stored as the run's stop: ``<reason>: stopped by <detail>``."""
+        return f"{self.reason}: stopped by {self.detail}"
+
+
+def parse_stop(text: str | None) -> tuple[StopReason | None, str]:
+    """The stop reason and its description from a stored ``LimitStop.describe()``."""
+    if not text:
+        return None, ""
+    head, _, rest = text.partition(": ")
+    if head in ("max_turns", "timeout", "budget"):
+        reason: StopReason = head  # type: ignore[assignment]
+        return reason, rest
+    return None, text
+
+
+@dataclass
+class BudgetScope:
+    """One budget and what was spent against it."""
+
+    name: str
+    """``session``, ``tenant acme`` or ``agent researcher``."""
+    label: str
+    """How the agent is told about it: ``the session budget``, ``your budget``."""
+    budget: Budget
+    spent: Spend = field(default_factory=Spend)
+
+    def share(self, extra: Spend | None = None) -> float:
+        return _share(self.spent + extra if extra else self.spent, self.budget)
+
+
+@dataclass(frozen=True)
+class TurnNotes:
+    """What the loop adds to the next user turn: a stop notice, or soft-limit notes."""
+
+    stop: LimitStop | None = None
+    notes: tuple[str, ...] = ()
+    notice: bool = True
+    """Whether the stop is announced (not with ``on_limit="fail"``: the run just fails)."""
+
+    @property
+    def blocks(self) -> tuple[TextBlock, ...]:
+        texts = [*self.notes]
+        if self.stop is not None and self.notice:
+            texts.append(STOP_NOTICE.format(detail=self.stop.detail))
+        return tuple(TextBlock(text=t) for t in texts)
+
+
+class TenantLedger(Protocol):
+    """Where a tenant's spend is kept, so every process serving the tenant sees it."""
+
+    async def tenant_spend(self, tenant: str, since: float) -> Spend: ...
+
+    async def add_spend(self, tenant: str, session_id: str, run_id: str, spend: Spend) -> None: ...
+
+
+def period_start(per: str | None, now: float | None = None) -> float:
+    """Start (UTC, epoch seconds) of the day or month ``now`` is in; 0 for no period."""
+    if per is None:
+        return 0.0
+    moment = time.gmtime(time.time() if now is None else now)
+    day = 1 if per == "month" else moment.tm_mday
+    start = (moment.tm_year, moment.tm_mon, day, 0, 0, 0, 0, 0, 0)
+    return float(_timegm(start))
+
+
+def _timegm(fields: tuple[int, ...]) -> int:
+    return calendar.timegm(fields)
+
+
+@dataclass
+class _RunState:
+    parent: str | None
+    agent: Agent | None = None
+    own: Spend = field(default_factory=Spend)
+    last_call: Spend = field(default_factory=Spend)
+    scope: BudgetScope | None = None
+    deadline: float = math.inf
+    """Soft deadline (``anyio.current_time()`` clock) of the current drive: its own, or
+    earlier when its parent must be done sooner."""
+    own_deadline: float = math.inf
+    warned: set[str] = field(default_factory=set)
+    driving: bool = False
+
+
+class SessionLimits:
+    """The budgets of one session and its spend ledger, shared by all its runs."""
+
+    def __init__(
+        self,
+        *,
+        session_id: str = "",
+        budget: Budget | None = None,
+        tenant: str | None = None,
+        tenant_budget: Budget | None = None,
+        ledger: TenantLedger | None = None,
+        prices: PriceTable | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.prices = prices or PriceTable()
+        self.session = (
+            BudgetScope("session", "the session budget", budget)
+            if budget is not None and budget.limited
+            else None
+        )
+        self.tenant = tenant
+        self.tenant_scope = (
+            BudgetScope(f"tenant {tenant}", f"the budget of {tenant}", tenant_budget)
+            if tenant is not None and tenant_budget is not None and tenant_budget.limited
+            else None
+        )
+        self.ledger = ledger
+        self.total = Spend()
+        self._runs: dict[str, _RunState] = {}
+        self._session_warned: set[str] = set()
+
+    # ------------------------------------------------------------------ ledger
+    async def load(self, store: Store, session_id: str) -> None:
+        """Spend already recorded for the session (a resumed session): every successful
+        call and every summarizer call, per run."""
+        runs = await store.list_runs(session_id)
+        for record in runs:
+            self._state(record.id, record.parent_run_id)
+        for call in await store.session_calls(session_id):
+            if call.status == "ok" and call.usage:
+                usage = Usage.model_validate_json(call.usage)
+                self._record(call.run_id, self.spend_of(call.model or "", usage))
+        for boundary in await store.list_boundaries(session_id=session_id):
+            summarized = summarizer_usage(boundary)
+            if summarized is not None:
+                self._record(boundary.run_id, self.spend_of(boundary.model or "", summarized))
+        if self.session is not None:
+            self.session.spent = Spend(self.total.tokens, self.total.cost_usd)
+
+    def spend_of(self, model: str, usage: Usage) -> Spend:
+        cost = self.prices.cost(model, usage)
+        return Spend(usage_tokens(usage), cost.total if cost is not None else 0.0)
+
+    def _state(self, run_id: str, parent: str | None = None) -> _RunState:
+        state = self._runs.get(run_id)
+        if state is None:
+            state = self._runs[run_id] = _RunState(parent)
+        return state
+
+    def _record(self, run_id: str, spend: Spend) -> None:
+        state = self._state(run_id)
+        state.own.add(spend)
+        self.total.add(spend)
+
+    def _lineage(self, run_id: str) -> list[_RunState]:
+        """The run's state and its ancestors', nearest first."""
+        chain = []
+        seen: set[str] = set()
+        current: str | None = run_id
+        while current is not None and current not in seen and current in self._runs:
+            seen.add(current)
+            state = self._runs[current]
+            chain.append(state)
+            current = state.parent
+        return chain
+
+    def _subtree_spend(self, run_id: str) -> Spend:
+        total = Spend()
+        for other_id, state in self._runs.items():
+            if any(s is self._runs[run_id] for s in self._lineage(other_id)):
+                total.add(state.own)
+        return total
+
+    @contextmanager
+    def driving(self, run: AgentRun) -> Iterator[None]:
+        """While a run is driven: it is registered and counts as active."""
+        state = self.attach(run)
+        state.driving = True
+        try:
+            yield
+        finally:
+            state.driving = False
+
+    def attach(self, run: AgentRun) -> _RunState:
+        """Register a run before it is driven: its parent, its agent's budget, its deadline."""
+        record: RunRecord = run.record
+        state = self._state(record.id, record.parent_run_id)
+        state.parent = record.parent_run_id
+        state.agent = run.agent
+        budget = run.agent.budget
+        if budget is not None and budget.limited and state.scope is None:
+            state.scope = BudgetScope(
+                f"agent {run.agent.name}", "your budget", budget, self._subtree_spend(record.id)
+            )
+        now = anyio.current_time()
+        timeout = run.agent.timeout if run.agent.on_limit == "report" else None
+        state.own_deadline = now + timeout if timeout else math.inf
+        state.deadline = state.own_deadline
+        parent = self._runs.get(record.parent_run_id or "")
+        if parent is not None and parent.deadline < math.inf:
+            inherited = now + max(parent.deadline - now, 0.0) * CHILD_TIME_SHARE
+            state.deadline = min(state.deadline, inherited)
+        return state
+
+    def hard_deadline(self, run_id: str) -> float:
+        """When a run past its deadline is cut off even if its final report is not done."""
+        state = self._runs.get(run_id)
+        if state is None or state.deadline == math.inf:
+            return math.inf
+        timeout = state.agent.timeout if state.agent is not None else None
+        grace = min(REPORT_GRACE, max(1.0, (timeout or REPORT_GRACE) * 0.5))
+        return state.deadline + grace
+
+    async def cut_off(self, run: AgentRun, use: ToolUseBlock) -> str:
+        """The result of a tool call the run's time limit cut off; for a sub-agent, what
+        the runtime recorded of its findings (its run is ended as failed)."""
+        stop = self._time_stop(run)
+        detail = stop.detail if stop is not None else "its time limit"
+        text = NOT_RUN.format(detail=detail)
+        if use.name != "spawn_agent":
+            return text
+        store = run.env.store
+        child = await store.find_child_run(run.id, use.id)
+        if child is None:
+            return text
+        reason = f"stopped: its parent {run.agent.name} reached {detail}"
+        await settle_subtree(store, run.env.session_id, child.id, "failed", reason)
+        findings = await findings_record(store, child.id) or "(nothing yet)"
+        return (
+            f"Sub-agent run {child.id} was stopped before it reported: its parent reached "
+            f"{detail}. What the runtime recorded of its findings:\n{findings}"
+        )
+
+    async def charge(self, run: AgentRun, model: str, usage: Usage) -> None:
+        """Count one model call's usage toward the run, its ancestors, the session and
+        the tenant."""
+        spend = self.spend_of(model, usage)
+        self._record(run.id, spend)
+        lineage = self._lineage(run.id)
+        if lineage:
+            lineage[0].last_call = spend
+        for state in lineage:
+            if state.scope is not None:
+                state.scope.spent.add(spend)
+        if self.session is not None:
+            self.session.spent.add(spend)
+        if self.tenant is not None and self.ledger is not None:
+            with anyio.CancelScope(shield=True):
+                await self.ledger.add_spend(self.tenant, self.session_id, run.id, spend)
+            if self.tenant_scope is not None:
+                self.tenant_scope.spent.add(spend)
+
+    async def cut_off_run(self, run: AgentRun) -> TimeoutError:
+        """End a run that was still going at its hard deadline (its final report did not
+        come in time): failed, with the runtime's record of its findings as its output."""
+        store = run.env.store
+        stop = self._time_stop(run) or LimitStop("timeout", "its time limit")
+        error = TimeoutError(f"{stop.describe()}; its final report did not come in time")
+        with anyio.CancelScope(shield=True):
+            findings = await findings_record(store, run.id)
+            if (await store.get_run(run.id) or run.record).status == "running":
+                await store.finish_run(run.id, "failed", output=findings, error=str(error))
+            await settle_subtree(store, run.env.session_id, run.id, "failed", str(error))
+        return error
+
+    def deadline(self, run_id: str) -> float:
+        state = self._runs.get(run_id)
+        return state.deadline if state is not None else math.inf
+
+    def run_spend(self, run_id: str) -> Spend:
+        """What a run and everything below it spent."""
+        return self._subtree_spend(run_id) if run_id in self._runs else Spend()
+
+    # ------------------------------------------------------------------ checks
+    async def scopes(self, run_id: str) -> list[BudgetScope]:
+        """Every budget the run spends against, the tenant's refreshed from its ledger."""
+        scopes = [s.scope for s in self._lineage(run_id) if s.scope is not None]
+        if self.session is not None:
+            scopes.append(self.session)
+        if self.tenant_scope is not None:
+            if self.ledger is not None and self.tenant is not None:
+                since = period_start(self.tenant_scope.budget.per)
+                self.tenant_scope.spent = await self.ledger.tenant_spend(self.tenant, since)
+            scopes.append(self.tenant_scope)
+        return scopes
+
+    def _next_calls(self, scope: BudgetScope, run_id: str) -> Spend:
+        """What going on may cost against ``scope``: for every run now driven under it
+        (siblings spend in parallel), this run's included, its next call and then its final
+        report, each estimated by its last call."""
+        total = Spend()
+        for other_id, state in self._runs.items():
+            if not (state.driving or other_id == run_id):
+                continue
+            if scope.name.startswith("agent "):
+                if not any(s.scope is scope for s in self._lineage(other_id)):
+                    continue
+            total.add(state.last_call + state.last_call)
+        return total
+
+    async def _budget_stop(self, run: AgentRun) -> LimitStop | None:
+        for scope in await self.scopes(run.id):
+            if scope.share(self._next_calls(scope, run.id)) > 1.0 - scope.budget.reserve:
+                return LimitStop("budget", f"{scope.label} ({scope.budget.describe()})", scope.name)
+        return None
+
+    def _time_stop(self, run: AgentRun) -> LimitStop | None:
+        state = self._runs.get(run.id)
+        if state is None or anyio.current_time() < state.deadline:
+            return None
+        if state.deadline < state.own_deadline:
+            return LimitStop("timeout", "the time limit of the agent that started it")
+        return LimitStop("timeout", f"its time limit (timeout={run.agent.timeout:g} seconds)")
+
+    async def check(self, run: AgentRun) -> LimitStop | None:
+        """The first limit the run has reached before its next call, if any."""
+        if run.turns - run.turn_base >= run.agent.max_turns:
+            return LimitStop("max_turns", f"its turn limit (max_turns={run.agent.max_turns})")
+        stop = self._time_stop(run)
+        if stop is not None:
+            return stop
+        return await self._budget_stop(run)
+
+    async def next_turn(self, run: AgentRun) -> TurnNotes:
+        """What the user turn that follows a tool turn must carry."""
+        stop = await self.check(run)
+        if stop is not None:
+            return TurnNotes(stop=stop, notice=run.agent.on_limit == "report")
+        notes = []
+        state = self._state(run.id)
+        for scope in await self.scopes(run.id):
+            share = scope.share()
+            if share < scope.budget.soft or scope.budget.soft >= 1.0:
+                continue
+            warned = self._session_warned if scope.name == "session" else state.warned
+            if scope.name in warned:
+                continue
+            warned.add(scope.name)
+            left = _left(scope.spent, scope.budget)
+            notes.append(
+                f"[budget] {scope.label[0].upper()}{scope.label[1:]} is {share:.0%} spent: "
+                f"{left} left. Wrap up: finish the most important part of your task and "
+                "write your report soon."
+            )
+            tokens, dollars = _remaining_tokens(scope), _remaining_usd(scope)
+            run.env.tracing.limit_soft(
+                scope=scope.name, share=share, remaining_tokens=tokens, remaining_usd=dollars
+            )
+            run.events.emit(
+                ev.LimitWarning,
+                scope=scope.name,
+                spent_share=share,
+                remaining_tokens=tokens,
+                remaining_usd=dollars,
+            )
+        return TurnNotes(notes=tuple(notes))
+
+    async def spawn_refusal(self, run: AgentRun, role: Agent) -> str | None:
+        """Why a new child of ``run`` may not start (no budget left), or None."""
+        for scope in await self.scopes(run.id):
+            if scope.share() >= 1.0 - scope.budget.reserve:
+                return (
+                    f"Cannot spawn {role.name}: {scope.label} is used up "
+                    f"({_left(scope.spent, scope.budget)} left, the rest is kept for final "
+                    "reports). Write your answer with what you have."
+                )
+        return None
+
+    async def start_refusal(self) -> str | None:
+        """Why a new run of this session may not start at all, or None."""
+        scopes = [s for s in (self.session, self.tenant_scope) if s is not None]
+        for scope in scopes:
+            if scope is self.tenant_scope and self.ledger is not None and self.tenant:
+                since = period_start(scope.budget.per)
+                scope.spent = await self.ledger.tenant_spend(self.tenant, since)
+            if scope.share() >= 1.0 - scope.budget.reserve:
+                return (
+                    f"{scope.label} is used up: {_left(scope.spent, scope.budget)} left "
+                    f"of {scope.budget.describe()}"
+                )
+        return None
+
+    async def remaining(self, run_id: str) -> tuple[int | None, float | None]:
+        """The least tokens and dollars left under any budget the run spends against."""
+        scopes = await self.scopes(run_id)
+        tokens = [t for s in scopes if (t := _remaining_tokens(s)) is not None]
+        dollars = [d for s in scopes if (d := _remaining_usd(s)) is not None]
+        return (min(tokens) if tokens else None, min(dollars) if dollars else None)
+
+
+def _remaining_tokens(scope: BudgetScope) -> int | None:
+    limit = scope.budget.max_tokens
+    return None if limit is None else max(limit - scope.spent.tokens, 0)
+
+
+def _remaining_usd(scope: BudgetScope) -> float | None:
+    limit = scope.budget.max_cost_usd
+    return None if limit is None else round(max(limit - scope.spent.cost_usd, 0.0), 6)
+
+
+def session_limits(env: Environment) -> SessionLimits:
+    """The session's limits (a session without budgets gets an empty ledger)."""
+    limits = env.extras.get("limits")
+    if not isinstance(limits, SessionLimits):
+        limits = SessionLimits(session_id=env.session_id)
+        env.extras["limits"] = limits
+    return limits
+
+
+def continue_notice(stopped: RunRecord, budget: Budget | None) -> str:
+    """The user turn that continues a run a limit stopped, under a new budget."""
+    _, why = parse_stop(stopped.error)
+    new = f" You now have a new budget ({budget.describe()})." if budget is not None else ""
+    return (
+        f"[limit raised] Your work was {why or 'stopped by a limit'}.{new} Continue your task "
+        "where you left off (you can call tools again), then give your final answer."
+    )
