@@ -6,6 +6,7 @@ database executed (the test cluster preloads it)."""
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import psycopg
 
 from anabranch.store import PostgresStore, Store
-from anabranch.store.postgres._schema import SCHEMA_VERSION
+from anabranch.store.postgres._schema import APP_ID, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from tests.postgres_cluster import Cluster, create_database
 from tests.store_conformance.conftest import Backend
 
@@ -44,7 +45,24 @@ async def postgres_backend(tmp_path: Path) -> AsyncIterator[Backend]:
         return store
 
     async def make_old(version: int) -> None:
-        raise AssertionError(f"no PostgreSQL schema {version} older than {SCHEMA_VERSION}")
+        with psycopg.connect(dsn) as conn:  # one transaction, committed on exit
+            conn.execute(f"CREATE SCHEMA {SCHEMA}")
+            conn.execute(f"SET search_path TO {SCHEMA}")
+            for script in MIGRATIONS[:version]:
+                conn.execute(script)
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('app', %s), ('schema_version', %s)",
+                (APP_ID, str(version)),
+            )
+            conn.execute(
+                "INSERT INTO sessions (id, created, kind, entry, task) "
+                "VALUES ('ses_old', %s, 'agent', 'a', 't')",
+                (time.time(),),
+            )
+            conn.execute(
+                "INSERT INTO session_events (session_id, status, output, created) "
+                "VALUES ('ses_old', 'done', 'kept', 1.0)"
+            )
 
     async def stamp_version(version: int) -> None:
         admin.execute(
