@@ -335,8 +335,8 @@ async def test_an_incomplete_task_reports_to_its_dependents_and_fail_fast_holds(
 async def test_budgets_are_validated(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="per= applies to tenant budgets"):
         Agent(name="a", budget=Budget(max_tokens=10, per="day"))
-    with pytest.raises(ValueError, match="past the stop line"):
-        Budget(max_tokens=10, soft=0.95)
+    with pytest.raises(ValueError):
+        Budget(max_tokens=10, soft=1.5)
     with pytest.raises(ValueError):
         Budget(max_tokens=0)
     async with Runtime(db=tmp_path / "v.db", model=FunctionModel(lambda r: "ok")) as rt:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["Budget", "BudgetPeriod", "OnLimit"]
 
@@ -24,7 +24,8 @@ class Budget(BaseModel):
         per: for a tenant budget, the calendar period (UTC) it renews over; ``None``: it
             never renews. An agent's or a session's budget is per run: leave it ``None``.
         soft: at this share of a limit the agent is told (in its next user turn) how much
-            is left and to wrap up.
+            is left and to wrap up (a share past ``1 - reserve`` is never reached: the run
+            stops first).
         reserve: the share of a limit held back for final reports: once a run's spend
             (with its next call) would pass ``1 - reserve`` of a limit, it stops and writes
             its report within the reserve.
@@ -37,15 +38,6 @@ class Budget(BaseModel):
     per: BudgetPeriod | None = None
     soft: float = Field(0.8, gt=0.0, le=1.0)
     reserve: float = Field(0.1, ge=0.0, lt=1.0)
-
-    @model_validator(mode="after")
-    def _soft_before_stop(self) -> Budget:
-        if self.soft > 1.0 - self.reserve and self.soft != 1.0:
-            raise ValueError(
-                f"soft={self.soft} is past the stop line 1 - reserve = {1.0 - self.reserve:g}: "
-                "the agent would be stopped before it is warned (use soft=1.0 to never warn)"
-            )
-        return self
 
     @property
     def limited(self) -> bool:

@@ -4,21 +4,17 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from anabranch import events as ev
 from anabranch.errors import BudgetExceeded, MaxTurnsExceeded, ModelError
 from anabranch.messages import TextBlock
 from anabranch.runtime._findings import findings_record
-from anabranch.runtime._run_limits import LimitStop, SessionLimits, session_limits
-
-if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._run_limits import LimitedRun, LimitStop, SessionLimits, session_limits
 
 __all__ = ["fail_for", "final_report"]
 
 
-def fail_for(run: AgentRun, stop: LimitStop) -> Exception:
+def fail_for(run: LimitedRun, stop: LimitStop) -> Exception:
     """The error ``on_limit="fail"`` raises for ``stop``."""
     if stop.reason == "max_turns":
         return MaxTurnsExceeded(run.agent.name, run.agent.max_turns)
@@ -28,7 +24,7 @@ def fail_for(run: AgentRun, stop: LimitStop) -> Exception:
 
 
 async def final_report(
-    run: AgentRun,
+    run: LimitedRun,
     stop: LimitStop,
     take_turn: Callable[..., Awaitable[object]],
 ) -> str:

@@ -21,23 +21,22 @@ from __future__ import annotations
 import calendar
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 import anyio
 
 from anabranch import events as ev
 from anabranch.agents import Agent, Budget
 from anabranch.context._pricing import PriceTable
-from anabranch.messages import TextBlock, ToolUseBlock, Usage
+from anabranch.messages import Message, TextBlock, ToolDefinition, ToolUseBlock, Usage
+from anabranch.runtime._environment import Environment
 from anabranch.runtime._findings import findings_record, settle_subtree
 from anabranch.runtime._report import summarizer_usage
+from anabranch.runtime._run_events import RunEvents
 from anabranch.store import RunRecord, Store
-
-if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun, Environment
 
 __all__ = [
     "LimitStop",
@@ -54,6 +53,33 @@ __all__ = [
 ]
 
 StopReason = Literal["max_turns", "timeout", "budget"]
+
+
+class LimitedRun(Protocol):
+    """What the limits read of a run (the loop's ``AgentRun`` is one); never assigned."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def agent(self) -> Agent: ...
+    @property
+    def record(self) -> RunRecord: ...
+    @property
+    def turns(self) -> int: ...
+    @property
+    def turn_base(self) -> int:
+        """Turns done before this exchange of a conversation (``max_turns`` counts on)."""
+        ...
+
+    @property
+    def env(self) -> Environment: ...
+    @property
+    def events(self) -> RunEvents: ...
+    @property
+    def tools(self) -> tuple[ToolDefinition, ...]: ...
+    @property
+    def context(self) -> Sequence[Message]: ...
+
 
 REPORT_GRACE = 60.0
 """Seconds at most a timed-out run gets, past its deadline, for its final report."""
@@ -288,7 +314,7 @@ class SessionLimits:
         return total
 
     @contextmanager
-    def driving(self, run: AgentRun) -> Iterator[None]:
+    def driving(self, run: LimitedRun) -> Iterator[None]:
         """While a run is driven: it is registered and counts as active."""
         state = self.attach(run)
         state.driving = True
@@ -297,7 +323,7 @@ class SessionLimits:
         finally:
             state.driving = False
 
-    def attach(self, run: AgentRun) -> _RunState:
+    def attach(self, run: LimitedRun) -> _RunState:
         """Register a run before it is driven: its parent, its agent's budget, its deadline."""
         record: RunRecord = run.record
         state = self._state(record.id, record.parent_run_id)
@@ -327,7 +353,7 @@ class SessionLimits:
         grace = min(REPORT_GRACE, max(1.0, (timeout or REPORT_GRACE) * 0.5))
         return state.deadline + grace
 
-    async def cut_off(self, run: AgentRun, use: ToolUseBlock) -> str:
+    async def cut_off(self, run: LimitedRun, use: ToolUseBlock) -> str:
         """The result of a tool call the run's time limit cut off; for a sub-agent, what
         the runtime recorded of its findings (its run is ended as failed)."""
         stop = self._time_stop(run)
@@ -347,7 +373,7 @@ class SessionLimits:
             f"{detail}. What the runtime recorded of its findings:\n{findings}"
         )
 
-    async def charge(self, run: AgentRun, model: str, usage: Usage) -> None:
+    async def charge(self, run: LimitedRun, model: str, usage: Usage) -> None:
         """Count one model call's usage toward the run, its ancestors, the session and
         the tenant."""
         spend = self.spend_of(model, usage)
@@ -366,7 +392,7 @@ class SessionLimits:
             if self.tenant_scope is not None:
                 self.tenant_scope.spent.add(spend)
 
-    async def cut_off_run(self, run: AgentRun) -> TimeoutError:
+    async def cut_off_run(self, run: LimitedRun) -> TimeoutError:
         """End a run that was still going at its hard deadline (its final report did not
         come in time): failed, with the runtime's record of its findings as its output."""
         store = run.env.store
@@ -414,13 +440,13 @@ class SessionLimits:
             total.add(state.last_call + state.last_call)
         return total
 
-    async def _budget_stop(self, run: AgentRun) -> LimitStop | None:
+    async def _budget_stop(self, run: LimitedRun) -> LimitStop | None:
         for scope in await self.scopes(run.id):
             if scope.share(self._next_calls(scope, run.id)) > 1.0 - scope.budget.reserve:
                 return LimitStop("budget", f"{scope.label} ({scope.budget.describe()})", scope.name)
         return None
 
-    def _time_stop(self, run: AgentRun) -> LimitStop | None:
+    def _time_stop(self, run: LimitedRun) -> LimitStop | None:
         state = self._runs.get(run.id)
         if state is None or anyio.current_time() < state.deadline:
             return None
@@ -428,7 +454,7 @@ class SessionLimits:
             return LimitStop("timeout", "the time limit of the agent that started it")
         return LimitStop("timeout", f"its time limit (timeout={run.agent.timeout:g} seconds)")
 
-    async def check(self, run: AgentRun) -> LimitStop | None:
+    async def check(self, run: LimitedRun) -> LimitStop | None:
         """The first limit the run has reached before its next call, if any."""
         if run.turns - run.turn_base >= run.agent.max_turns:
             return LimitStop("max_turns", f"its turn limit (max_turns={run.agent.max_turns})")
@@ -437,7 +463,7 @@ class SessionLimits:
             return stop
         return await self._budget_stop(run)
 
-    async def next_turn(self, run: AgentRun) -> TurnNotes:
+    async def next_turn(self, run: LimitedRun) -> TurnNotes:
         """What the user turn that follows a tool turn must carry."""
         stop = await self.check(run)
         if stop is not None:
@@ -471,9 +497,9 @@ class SessionLimits:
             )
         return TurnNotes(notes=tuple(notes))
 
-    async def spawn_refusal(self, run: AgentRun, role: Agent) -> str | None:
-        """Why a new child of ``run`` may not start (no budget left), or None."""
-        for scope in await self.scopes(run.id):
+    async def spawn_refusal(self, run_id: str, role: Agent) -> str | None:
+        """Why a new child of run ``run_id`` may not start (no budget left), or None."""
+        for scope in await self.scopes(run_id):
             if scope.share() >= 1.0 - scope.budget.reserve:
                 return (
                     f"Cannot spawn {role.name}: {scope.label} is used up "

@@ -192,9 +192,8 @@ class SpawnTool:
         state = env.extras.setdefault("spawn_children", _SessionSpawns())
         assert isinstance(state, _SessionSpawns)
         if existing is None:
-            refusal = self._refusal(run, role, state) or await session_limits(env).spawn_refusal(
-                run, role
-            )
+            limits = session_limits(env)
+            refusal = self._refusal(run, role, state) or await limits.spawn_refusal(run.id, role)
             if refusal is not None:
                 return ToolOutcome(refusal, is_error=True)
         state.active += 1
