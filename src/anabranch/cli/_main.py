@@ -16,6 +16,7 @@ import pydantic
 
 from anabranch.agents import Agent, Graph
 from anabranch.cli import _chat, _compaction, _inspect, _memory, _ui, _workers
+from anabranch.cli._budget import add_budget_arguments, budget_lines, stop_label
 from anabranch.cli._common import (
     CliError,
     Handler,
@@ -26,7 +27,6 @@ from anabranch.cli._common import (
     session_json,
 )
 from anabranch.cli._inspect import print_messages, print_session_json
-from anabranch.cli._budget import add_budget_arguments, budget_lines, stop_label
 from anabranch.cli._limits import declared_windows, window_labels
 from anabranch.cli._progress import add_progress_arguments, event_printer
 from anabranch.cli._tracing import add_trace_arguments, configure_from_args

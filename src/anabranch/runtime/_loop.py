@@ -54,6 +54,7 @@ from anabranch.models._retry import retrying
 from anabranch.runtime._approval import GatedRun
 from anabranch.runtime._cache_watch import check_cache_break
 from anabranch.runtime._environment import Environment
+from anabranch.runtime._final_report import final_report
 from anabranch.runtime._history import (
     boundary_ranges,
     call_usage,
@@ -67,11 +68,10 @@ from anabranch.runtime._history import (
 )
 from anabranch.runtime._memory import attach_relevant_memories
 from anabranch.runtime._run_events import RunEvents
+from anabranch.runtime._run_limits import LimitStop, session_limits
 from anabranch.runtime._run_prompt import build_prompt
 from anabranch.runtime._session_view import run_spend
 from anabranch.runtime._tool_calls import INTERRUPTED_REPORT, ToolCalls
-from anabranch.runtime._final_report import final_report
-from anabranch.runtime._run_limits import LimitStop, session_limits
 from anabranch.store import (
     CallRecord,
     MessageRecord,

@@ -353,20 +353,20 @@ class SessionLimits:
         grace = min(REPORT_GRACE, max(1.0, (timeout or REPORT_GRACE) * 0.5))
         return state.deadline + grace
 
-    async def cut_off(self, run: LimitedRun, use: ToolUseBlock) -> str:
+    async def cut_off(self, env: Environment, run_id: str, agent: Agent, use: ToolUseBlock) -> str:
         """The result of a tool call the run's time limit cut off; for a sub-agent, what
         the runtime recorded of its findings (its run is ended as failed)."""
-        stop = self._time_stop(run)
+        stop = self._time_stop(run_id, agent)
         detail = stop.detail if stop is not None else "its time limit"
         text = NOT_RUN.format(detail=detail)
         if use.name != "spawn_agent":
             return text
-        store = run.env.store
-        child = await store.find_child_run(run.id, use.id)
+        store = env.store
+        child = await store.find_child_run(run_id, use.id)
         if child is None:
             return text
-        reason = f"stopped: its parent {run.agent.name} reached {detail}"
-        await settle_subtree(store, run.env.session_id, child.id, "failed", reason)
+        reason = f"stopped: its parent {agent.name} reached {detail}"
+        await settle_subtree(store, env.session_id, child.id, "failed", reason)
         findings = await findings_record(store, child.id) or "(nothing yet)"
         return (
             f"Sub-agent run {child.id} was stopped before it reported: its parent reached "
@@ -396,7 +396,7 @@ class SessionLimits:
         """End a run that was still going at its hard deadline (its final report did not
         come in time): failed, with the runtime's record of its findings as its output."""
         store = run.env.store
-        stop = self._time_stop(run) or LimitStop("timeout", "its time limit")
+        stop = self._time_stop(run.id, run.agent) or LimitStop("timeout", "its time limit")
         error = TimeoutError(f"{stop.describe()}; its final report did not come in time")
         with anyio.CancelScope(shield=True):
             findings = await findings_record(store, run.id)
@@ -446,19 +446,19 @@ class SessionLimits:
                 return LimitStop("budget", f"{scope.label} ({scope.budget.describe()})", scope.name)
         return None
 
-    def _time_stop(self, run: LimitedRun) -> LimitStop | None:
-        state = self._runs.get(run.id)
+    def _time_stop(self, run_id: str, agent: Agent) -> LimitStop | None:
+        state = self._runs.get(run_id)
         if state is None or anyio.current_time() < state.deadline:
             return None
         if state.deadline < state.own_deadline:
             return LimitStop("timeout", "the time limit of the agent that started it")
-        return LimitStop("timeout", f"its time limit (timeout={run.agent.timeout:g} seconds)")
+        return LimitStop("timeout", f"its time limit (timeout={agent.timeout:g} seconds)")
 
     async def check(self, run: LimitedRun) -> LimitStop | None:
         """The first limit the run has reached before its next call, if any."""
         if run.turns - run.turn_base >= run.agent.max_turns:
             return LimitStop("max_turns", f"its turn limit (max_turns={run.agent.max_turns})")
-        stop = self._time_stop(run)
+        stop = self._time_stop(run.id, run.agent)
         if stop is not None:
             return stop
         return await self._budget_stop(run)
