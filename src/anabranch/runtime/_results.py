@@ -157,10 +157,10 @@ async def build_result(
         "session_id": session_id,
         "run_id": run_id,
         "agent": agent,
-        "status": "failed" if status == "failed" else "done",
+        "status": "done" if status == "incomplete" else status,
         "output": typed,
         "usage": await session_usage(store, session_id),
-        "error": error if status == "failed" else None,
+        "error": None if status in ("done", "incomplete") else error,
         "incomplete": status == "incomplete" or bool(stopped),
         "stop_reason": stop_reason or (stopped[0].stop_reason if stopped else None),
     }

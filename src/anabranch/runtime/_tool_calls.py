@@ -88,16 +88,18 @@ class ToolCalls:
 
         limits = session_limits(self.env)
         deadline = limits.deadline(self.id)
-        if todo and anyio.current_time() < deadline:
-            with anyio.CancelScope(deadline=deadline):  # the time limit cuts tools off
+        cut = anyio.current_time() >= deadline  # past it, nothing more runs
+        if todo and not cut:
+            with anyio.CancelScope(deadline=deadline) as scope:  # the time limit cuts tools off
                 if len(todo) == 1:
                     await run_one(todo[0])
                 else:
                     async with anyio.create_task_group() as group:
                         for use in todo:
                             group.start_soon(run_one, use)
-        for use in todo:
-            if use.id not in outcomes:  # cut off by the run's time limit
+            cut = scope.cancelled_caught
+        for use in todo if cut else ():
+            if use.id not in outcomes and not gate.held(use):  # cut off by the time limit
                 text = await limits.cut_off(self.env, self.id, self.agent, use)
                 outcome = ToolOutcome(text, is_error=True)
                 await self.env.store.record_tool_event(self._finished_event(use, outcome))
