@@ -17,14 +17,14 @@ import psycopg
 from anabranch.errors import DatabaseError
 from anabranch.store._dsn import redact_dsn
 from anabranch.store.postgres._connection import connect
-from anabranch.store.postgres._schema import APPEND_ONLY
+from anabranch.store.postgres._schema import APPEND_ONLY, BUDGET_TABLES
 from anabranch.store.postgres._store import _migrate
 from anabranch.store.sqlite._blobs import hydrate_rows
 
 __all__ = ["import_sqlite"]
 
-TABLES = APPEND_ONLY
-"""Every history table, in an order that satisfies the foreign keys."""
+TABLES = (*APPEND_ONLY, *BUDGET_TABLES)
+"""Every history table (and the budget tables), in an order that satisfies the foreign keys."""
 BOOLEAN_COLUMNS = {("tool_events", "is_error")}
 SERIALS = [(table, "id") for table in TABLES if table not in ("sessions", "runs", "spills")] + [
     ("runs", "ord")
