@@ -21,7 +21,6 @@ from anabranch.context._compaction import (
     cleared_context,
     context_violations,
     extract_summary,
-    fit_for_summarizer,
     is_compaction_message,
     split_points,
     summarized_context,
@@ -146,11 +145,11 @@ def test_clearing_keeps_structure_and_the_last_k_results(
 
 
 @PROPERTY
-@given(histories(), st.integers(20, 2000))
-def test_summarizer_input_is_valid_api_input(messages: list[Message], budget: int) -> None:
+@given(histories())
+def test_summarizer_input_is_valid_api_input(messages: list[Message]) -> None:
     for index in split_points(messages):
         head = list(Split.at(messages, index).head)
-        request = summary_request(fit_for_summarizer(head, budget), "keep ids")
+        request = summary_request(head, "keep ids")
         assert pairing_violations(request) == []
         assert "<summary>" in request[-1].text
         assert request[-1].text.rstrip().endswith("keep ids")

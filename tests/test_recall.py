@@ -19,6 +19,7 @@ from anabranch.runtime._recall import RecallTool
 from anabranch.store import SQLiteStore
 from anabranch.store.sqlite._schema import APP_ID, MIGRATIONS
 from anabranch.testing import FunctionModel
+from anabranch.testing._models import is_summary_request
 
 from .compaction_helpers import Checked, huge, small_agent
 
@@ -218,3 +219,47 @@ async def test_a_parent_recalls_the_full_report_of_a_sub_agent(tmp_path: Path) -
     async with Runtime(db=tmp_path / "r.db", model=FunctionModel(model)) as rt:
         result = await rt.run(parent, "When does the river flood?")
     assert result.output == full_report
+
+
+@tool
+def survey(topic: str) -> str:
+    """Survey one site."""
+    return f"site {topic}: the marker zebra{topic} was logged; " + "filler words " * 50
+
+
+async def test_search_finds_stored_content_not_its_own_call(tmp_path: Path) -> None:
+    """The assistant turn holding the query is indexed too; recall leaves it (and its own
+    earlier calls and results) out, falls back to any word, and returns the content."""
+    agent = Agent(
+        name="surveyor",
+        model="test-model",
+        tools=[survey],
+        context=small_agent().context,
+        max_turns=20,
+    )
+
+    issued = {"surveys": 0, "recalled": False}
+
+    def model(request: ModelRequest) -> Any:
+        if is_summary_request(request):
+            return "<summary>surveyed some sites</summary>"
+        if issued["recalled"]:
+            return [TextBlock(text="RECALLED " + request.messages[-1].tool_results[0].content)]
+        if issued["surveys"] < 4:
+            issued["surveys"] += 1
+            n = issued["surveys"]
+            return [ToolUseBlock(id=f"toolu_s{n}", name="survey", input={"topic": str(n)})]
+        issued["recalled"] = True
+        query = "where exactly was zebra1 logged earlier"
+        return [ToolUseBlock(id="toolu_r", name="recall", input={"query": query})]
+
+    async with Runtime(db=tmp_path / "r.db", model=FunctionModel(model)) as rt:
+        result = await rt.run(agent, "Survey the sites")
+        boundaries = await rt.store.list_boundaries(session_id=result.session_id)
+    assert any(b.kind == "compaction" and b.status == "ok" for b in boundaries)
+    assert result.output.startswith("RECALLED "), result.output
+    lines = result.output.splitlines()
+    # best first: the stored tool output naming zebra1 (it matches the most words)
+    assert "[zebra1]" in lines[1] and "id=msg-2 " in lines[1], result.output
+    # the turn holding the query is not a hit (it would match every word)
+    assert not any("where" in line or "exactly" in line for line in lines[1:]), result.output

@@ -17,7 +17,12 @@ from anabranch import Runtime
 from anabranch.context._compaction import CompactionEvent, is_compaction_message
 from anabranch.errors import ModelAPIError, SessionBusyError, UserError
 from anabranch.messages import Message, ModelRequest
-from anabranch.runtime._compactor import breaker_open, consecutive_failures
+from anabranch.runtime._breaker import (
+    COOL_DOWN,
+    breaker_open,
+    breaker_state,
+    consecutive_failures,
+)
 from anabranch.runtime._loop import AgentRun
 from anabranch.store import BoundaryRecord
 from anabranch.testing import FunctionModel
@@ -154,8 +159,14 @@ def test_failures_count_until_a_success_or_a_rewind() -> None:
     assert consecutive_failures([failed, ok, failed, ineffective, _boundary("clear")]) == 2
     assert consecutive_failures([failed, failed, _boundary("rewind"), failed]) == 1
     assert not breaker_open([failed, failed])
-    assert breaker_open([failed, _boundary("breaker", "open"), ok])
+    breaker, fallback = _boundary("breaker", "open"), _boundary("compaction", degraded=True)
+    assert breaker_open([failed, breaker, fallback])
     assert not breaker_open([_boundary("breaker", "open"), _boundary("rewind")])
+    # half-open after the cool-down; a success of the configured strategy closes it
+    assert breaker_state([breaker, *[fallback] * (COOL_DOWN - 1)]) == "open"
+    assert breaker_state([breaker, *[fallback] * COOL_DOWN]) == "half-open"
+    assert breaker_state([breaker, *[fallback] * COOL_DOWN, ok]) == "closed"
+    assert breaker_state([breaker, *[fallback] * COOL_DOWN, failed, breaker]) == "open"
 
 
 # ------------------------------------------------------------------ CLI

@@ -22,13 +22,22 @@ class ContextPolicy(BaseModel):
     compact_at: float = Field(0.7, gt=0.0, le=1.0)
     """Compact when the context reaches this fraction of ``window``."""
     output_reserve: int = Field(4_096, ge=0)
-    """Tokens kept free for the answer; the threshold never exceeds window - reserve."""
+    """Tokens kept free for the answer; the threshold never exceeds window - reserve.
+    Left unset, it is at most an eighth of the window (see ``reserve``)."""
     keep_recent: int = Field(6, ge=0)
     """Messages kept verbatim after a compaction (the split moves to keep tool pairs whole)."""
+    keep_recent_tokens: int | None = Field(None, ge=0)
+    """At most this many tokens kept verbatim after a compaction; default a quarter of the
+    room the messages have below the threshold (so a compaction always frees a share)."""
     strategy: CompactionStrategy = "summarize"
     tool_result_max_chars: int = Field(20_000, gt=0)
-    """A tool result longer than this is spilled to the store; the context keeps a preview."""
+    """A tool result longer than this is spilled to the store; the context keeps a preview.
+    The cap also never exceeds ``tool_result_max_share`` of the window."""
     tool_result_preview_chars: int = Field(2_000, ge=0)
+    """Characters of a spilled result's preview; at most 40% of the effective cap."""
+    tool_result_max_share: float = Field(0.15, gt=0.0, le=1.0)
+    """Largest share of the window (in tokens, about 4 characters each) one inline tool
+    result may take; longer ones are spilled with a preview."""
     clear_tool_results_after: int | None = Field(None, ge=0)
     """Keep only the last K tool results inline once the soft threshold is passed."""
     clear_at: float = Field(0.5, gt=0.0, le=1.0)
@@ -60,6 +69,25 @@ class ContextPolicy(BaseModel):
         return self
 
     @property
+    def reserve(self) -> int:
+        """Tokens kept free for the answer: ``output_reserve`` as set, or by default at most
+        an eighth of the window (4,096 of a 7k window would leave no room for messages)."""
+        if "output_reserve" in self.model_fields_set:
+            return self.output_reserve
+        return min(self.output_reserve, self.window // 8)
+
+    @property
     def threshold(self) -> int:
         """Token count at which compaction starts."""
-        return min(int(self.window * self.compact_at), self.window - self.output_reserve)
+        return min(int(self.window * self.compact_at), self.window - self.reserve)
+
+    @property
+    def spill_chars(self) -> int:
+        """Longest tool result kept inline, in characters (see ``tool_result_max_share``)."""
+        share = int(self.window * self.tool_result_max_share * 4)
+        return max(1, min(self.tool_result_max_chars, share))
+
+    @property
+    def preview_chars(self) -> int:
+        """Characters of a spilled result's preview (see ``tool_result_preview_chars``)."""
+        return min(self.tool_result_preview_chars, int(self.spill_chars * 0.4))

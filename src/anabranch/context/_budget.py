@@ -19,6 +19,7 @@ __all__ = [
     "is_cleared",
     "preview",
     "spill_handle",
+    "word_cut",
 ]
 
 _STUB_PREFIX = "[tool result cleared"
@@ -28,6 +29,16 @@ def spill_handle(run_id: str, call_id: str) -> str:
     """The recall handle of one tool call's full output (stable: derived from both ids)."""
     digest = hashlib.sha256(f"{run_id}\x00{call_id}".encode()).hexdigest()[:16]
     return f"out_{digest}"
+
+
+def word_cut(text: str, limit: int) -> int:
+    """Where to cut ``text`` at most ``limit`` characters in: the last whitespace in the
+    final fifth of that span, so an identifier is not split in two (else ``limit``)."""
+    if limit >= len(text):
+        return len(text)
+    floor = limit - limit // 5
+    space = max(text.rfind(" ", floor, limit), text.rfind("\n", floor, limit))
+    return space + 1 if space > 0 else limit
 
 
 def preview(
@@ -43,6 +54,7 @@ def preview(
     keep = max(0, min(preview_chars, max_chars))
     total = len(content)
     if not is_error:
+        keep = word_cut(content, keep)
         note = (
             f"[output truncated: showing the first {keep:,} of {total:,} characters; "
             f"full output: recall id={handle}]"

@@ -35,6 +35,7 @@ from anabranch.messages import (
 
 __all__ = [
     "COMPACTION_MARKER",
+    "PART_PROMPT",
     "CompactionEvent",
     "Rebuilt",
     "Split",
@@ -44,10 +45,10 @@ __all__ = [
     "context_violations",
     "elide_message",
     "extract_summary",
-    "fit_for_summarizer",
     "is_compaction_message",
     "split_points",
     "summarized_context",
+    "summary_part_request",
     "summary_request",
     "verbatim_context",
     "windowed_context",
@@ -57,6 +58,8 @@ COMPACTION_MARKER = "<compacted_context"
 """The first text block of a compacted context's opening turn starts with this."""
 
 _INPUT_PREVIEW_CHARS = 200
+_DROPPED_TAG = "<dropped_messages>"
+"""Opens the note of a ``window`` compaction; a later one replaces it (its note covers it)."""
 
 SUMMARY_PROMPT = """\
 This conversation is being compacted: the messages above will be replaced by the summary \
@@ -125,6 +128,8 @@ class Split:
 
     @classmethod
     def at(cls, messages: Sequence[Message], index: int) -> Split:
+        if index == len(messages) and _may_keep_nothing(messages):
+            return cls(index, tuple(messages), None, ())
         if index not in split_points(messages):
             raise ValueError(f"cannot split at {index}: it would break a turn or a tool pair")
         at = messages[index]
@@ -145,15 +150,33 @@ def split_points(messages: Sequence[Message]) -> list[int]:
     return points
 
 
+def _may_keep_nothing(messages: Sequence[Message]) -> bool:
+    """Whether the whole context may be replaced (the opening is then the last turn).
+
+    Only when it ends on tool results: a plain user turn at the end is a new request, kept
+    word for word by the split at it (merged into the opening)."""
+    if len(messages) < 2 or messages[-1].role != "user" or not messages[-1].tool_results:
+        return False
+    return not (len(messages) == 2 and is_compaction_message(messages[0]))
+
+
 def choose_split(
-    messages: Sequence[Message], *, keep_recent: int, max_tail_tokens: int
+    messages: Sequence[Message],
+    *,
+    keep_recent: int,
+    max_tail_tokens: int,
+    empty_tail: bool = False,
 ) -> Split | None:
     """The split that keeps the most recent messages within both limits.
 
     At most ``keep_recent`` messages and ``max_tail_tokens`` (estimated) are kept; when no
-    split meets both, the one keeping the fewest messages. ``None``: nothing can be cut.
+    split meets both, the one keeping the fewest messages. With ``empty_tail``, keeping
+    nothing (the whole context replaced; it must end on a user turn) is allowed too.
+    ``None``: nothing can be cut.
     """
     points = split_points(messages)
+    if empty_tail and _may_keep_nothing(messages):
+        points.append(len(messages))
     if not points:
         return None
     suffix = [0] * (len(messages) + 1)
@@ -205,8 +228,11 @@ def _with_tail(opening: Message, split: Split) -> Rebuilt:
     return Rebuilt(messages, sources, kept=split.kept)
 
 
-def summarized_context(split: Split, summary: str) -> Rebuilt:
-    """``summarize``: the marked summary (plus a merged plain turn), then the tail."""
+def summarized_context(split: Split, summary: str, handles: str = "") -> Rebuilt:
+    """``summarize``: the marked summary (plus a merged plain turn), then the tail.
+
+    ``handles``: a line naming the recall handles of what the summary replaced.
+    """
     replaced = _replaced_count(split.head)
     marker = _marker(
         "summarize",
@@ -216,15 +242,18 @@ def summarized_context(split: Split, summary: str) -> Rebuilt:
         "below. The original messages are kept: search them, or fetch an id, with the "
         "recall tool.",
     )
-    body = TextBlock(
-        text=f"<summary_of_earlier_conversation>\n{summary.strip()}\n"
-        "</summary_of_earlier_conversation>"
-    )
+    text = f"<summary_of_earlier_conversation>\n{summary.strip()}\n"
+    if handles.strip():
+        text += f"<recall_handles>{handles.strip()}</recall_handles>\n"
+    body = TextBlock(text=text + "</summary_of_earlier_conversation>")
     return _with_tail(_opening(marker, (body,), split.carry), split)
 
 
-def windowed_context(split: Split) -> Rebuilt:
-    """``window``: drop the oldest turns; the opening keeps the first request (no model)."""
+def windowed_context(split: Split, note: str = "") -> Rebuilt:
+    """``window``: drop the oldest turns; the opening keeps the first request (no model).
+
+    ``note``: the explicit note naming what was dropped (``context.digest.dropped_note``).
+    """
     first = split.head[0]
     dropped = _replaced_count(split.head) - (0 if is_compaction_message(first) else 1)
     marker = _marker(
@@ -235,7 +264,13 @@ def windowed_context(split: Split) -> Rebuilt:
         "kept: search them, or fetch an id, with the recall tool. What opened the "
         "conversation follows.",
     )
-    body = tuple(b for b in _without_marker(first) if isinstance(b, TextBlock))
+    body: tuple[Block, ...] = tuple(
+        b
+        for b in _without_marker(first)
+        if isinstance(b, TextBlock) and not b.text.startswith(_DROPPED_TAG)
+    )
+    if note.strip():
+        body = (*body, TextBlock(text=f"{_DROPPED_TAG}\n{note.strip()}\n</dropped_messages>"))
     return _with_tail(_opening(marker, body, split.carry), split)
 
 
@@ -331,28 +366,28 @@ def summary_request(head: Sequence[Message], instructions: str | None = None) ->
     return messages
 
 
-def fit_for_summarizer(head: Sequence[Message], budget_tokens: int) -> list[Message]:
-    """``head`` shrunk to about ``budget_tokens`` for the summarizer's own window.
+PART_PROMPT = """\
+The conversation is being compacted in parts because it is too long for one request. \
+Above is part {index} of {total}, and the summary of everything before it. Write one \
+summary of the earlier summary and this part together, keeping every identifier, number, \
+path, command and finding of both, inside <summary></summary>. Do not call any tools."""
 
-    First tool payloads are elided; then the oldest turns after the first are left out
-    (with a note). The originals stay in the store either way.
-    """
-    if estimate_messages(head) <= budget_tokens:
-        return list(head)
-    names = {u.id: u.name for m in head for u in m.tool_uses}
-    elided = [elide_message(m, names)[0] for m in head]
-    if estimate_messages(elided) <= budget_tokens or len(elided) < 3:
-        return elided
-    first = elided[0]
-    for start in range(2, len(elided)):
-        if elided[start].role != "assistant":
-            continue
-        note = TextBlock(text=f"[{start - 1} messages left out here to fit the summarizer]")
-        opening = Message(role="user", content=(*first.content, note))
-        candidate = [opening, *elided[start:]]
-        if estimate_messages(candidate) <= budget_tokens:
-            return candidate
-    return [first, *elided[-2:]] if elided[-2].role == "assistant" else [first]
+
+def summary_part_request(
+    running: str, part: str, index: int, total: int, instructions: str | None = None
+) -> list[Message]:
+    """One request of a summary in parts: the running summary, the next part, the ask."""
+    prompt = PART_PROMPT.format(index=index, total=total)
+    if instructions and instructions.strip():
+        prompt += "\n\nAdditional instructions for this summary:\n" + instructions.strip()
+    earlier = running.strip() or "(this is the first part)"
+    return [
+        Message.user(
+            f"<summary_so_far>\n{earlier}\n</summary_so_far>\n"
+            f'<conversation_part index="{index}" of="{total}">\n{part}\n'
+            f"</conversation_part>\n\n{prompt}"
+        )
+    ]
 
 
 _SUMMARY = re.compile(r"<summary>(.*?)</summary>", re.DOTALL)

@@ -8,10 +8,15 @@ Before every model call, for the run about to call (each run has its own policy)
    ``clear_tool_results_after`` become one-line stubs with their handle;
 3. above the threshold, the context is compacted with the policy's strategy;
 4. on ``prompt is too long``, it is compacted again keeping fewer messages, then retried;
-5. after ``max_compaction_failures`` failures in a row the breaker opens: the run fails
-   (``on_compaction_failure="fail"``) or goes on with the ``window`` strategy, which needs
-   no model (``"continue"``). Failures and the breaker are boundary rows, so they survive
-   a resume.
+5. after ``max_compaction_failures`` failures in a row the breaker opens (``_breaker``):
+   the run fails (``on_compaction_failure="fail"``) or goes on with the ``window``
+   strategy, which needs no model (``"continue"``), until the breaker is half-open again.
+
+**No silent loss.** Content leaves a context only after a summarizer request contained it
+(a range over the summarizer's budget is summarized in parts, see ``_summarizer``), or in
+an explicit note that names it and its recall handles (``window``, ``verbatim``, stubs).
+Cleared results are restored from their spills before a summary, so the summarizer reads
+originals, not stubs. Every boundary records a loss manifest (``context.digest``).
 
 Every change is a boundary row (see ``context.layout``); the original messages are never
 touched, and ``recall`` reaches all of them.
@@ -23,6 +28,7 @@ import inspect
 import json
 import logging
 import time
+import weakref
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -33,14 +39,10 @@ from anabranch.context._compaction import (
     CompactionEvent,
     Rebuilt,
     Split,
-    SummaryError,
     choose_split,
     cleared_context,
     context_violations,
-    extract_summary,
-    fit_for_summarizer,
     summarized_context,
-    summary_request,
     verbatim_context,
     windowed_context,
 )
@@ -50,20 +52,32 @@ from anabranch.context._content import (
     content_violations,
     drop_thinking,
 )
+from anabranch.context._digest import dropped_note, handles_line, manifest, named_seqs
 from anabranch.context._layout import encode_layout, expand_ranges
 from anabranch.context._tokens import estimate_messages, estimate_request
-from anabranch.errors import CompactionFailedError, ModelError, PromptTooLongError
+from anabranch.context._transcript import chars_for_tokens
+from anabranch.errors import PromptTooLongError
 from anabranch.messages import (
+    Message,
     ModelRequest,
     ModelResponse,
     ToolUseBlock,
-    Usage,
     messages_to_json,
 )
+from anabranch.runtime._breaker import (
+    breaker_open,
+    breaker_state,
+    check_breaker,
+    consecutive_failures,
+    fail_run,
+    open_breaker,
+    record_failure,
+)
 from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._head import context_text, handles_in, originals, previous_summary
 from anabranch.runtime._limits import ChannelLimits
-from anabranch.runtime._loop import _message_json
-from anabranch.store import BoundaryRecord, MessageRecord
+from anabranch.runtime._summarizer import SummarizerFailed, summarize
+from anabranch.store import BoundaryRecord
 
 if TYPE_CHECKING:
     from anabranch.runtime._loop import AgentRun
@@ -75,8 +89,13 @@ _log = logging.getLogger("anabranch.compaction")
 MIN_CLEAR_FRACTION = 0.05
 """Clearing must free at least this fraction of the window, so the cache is not broken
 for a few tokens at every turn."""
-DEEPEST_LEVEL = 3
-"""Reactive level at which the kept tail's tool results are stubbed too."""
+MIN_FREE_FRACTION = 0.05
+"""A proactive compaction that would free less than this share of the window is skipped
+(unless the context no longer fits at all)."""
+TAIL_SHARE = 0.25
+"""Default ``keep_recent_tokens``: this share of the room messages have below the threshold."""
+KEEP_NOTHING_LEVEL = 2
+"""Reactive level from which nothing is kept verbatim: the whole context is summarized."""
 
 
 class _CompactionError(Exception):
@@ -90,35 +109,6 @@ class CompactionOutcome:
     applied: bool
     boundary_id: int | None = None
     failure: str | None = None
-
-
-def consecutive_failures(boundaries: list[BoundaryRecord]) -> int:
-    """Compaction failures (or ineffective compactions) in a row, newest first.
-
-    A successful compaction or a rewind ends the run of failures; clears and breaker
-    rows are neutral.
-    """
-    count = 0
-    for boundary in reversed(boundaries):
-        if boundary.kind == "rewind":
-            break
-        if boundary.kind != "compaction":
-            continue
-        extra = json.loads(boundary.extra) if boundary.extra else {}
-        if boundary.status == "ok" and not extra.get("ineffective"):
-            break
-        count += 1
-    return count
-
-
-def breaker_open(boundaries: list[BoundaryRecord]) -> bool:
-    """Whether the run's breaker has opened since its last rewind."""
-    for boundary in reversed(boundaries):
-        if boundary.kind == "rewind":
-            return False
-        if boundary.kind == "breaker":
-            return True
-    return False
 
 
 def summary_max_tokens(threshold: int, agent_max_tokens: int) -> int:
@@ -141,6 +131,7 @@ class CompactingPipeline:
     def __init__(self, *, max_reactive_attempts: int = 3) -> None:
         self.max_reactive_attempts = max_reactive_attempts
         self.limits = ChannelLimits()
+        self._warned: weakref.WeakSet[AgentRun] = weakref.WeakSet()
 
     def window(self, run: AgentRun) -> int:
         """The run's window: its policy's, or less if its channel said so."""
@@ -151,7 +142,9 @@ class CompactingPipeline:
         learned = self.limits.get(run)
         if learned is None:
             return run.threshold
-        return min(run.threshold, int(learned.window * run.agent.context.compact_at))
+        policy = run.agent.context
+        window = learned.window
+        return min(run.threshold, int(window * policy.compact_at), window - policy.reserve)
 
     # ------------------------------------------------------------------ pipeline
     async def ingest(self, run: AgentRun, call: ToolUseBlock, outcome: ToolOutcome) -> ToolOutcome:
@@ -160,8 +153,8 @@ class CompactingPipeline:
         text = preview(
             outcome.content,
             is_error=outcome.is_error,
-            max_chars=policy.tool_result_max_chars,
-            preview_chars=policy.tool_result_preview_chars,
+            max_chars=policy.spill_chars,
+            preview_chars=policy.preview_chars,
             handle=handle,
         )
         if text is None:
@@ -230,13 +223,22 @@ class CompactingPipeline:
         raises ``CompactionFailedError`` when the breaker opens under policy ``"fail"``.
         """
         policy = run.agent.context
-        store = run.env.store
-        strategy: str = policy.strategy
-        degraded = breaker_open(await store.list_boundaries(run_id=run.id))
-        if degraded:
+        state = breaker_state(await run.env.store.list_boundaries(run_id=run.id))
+        if state == "open" and policy.on_compaction_failure == "fail":
+            await fail_run(run, "the compaction circuit breaker is open")
+        strategy = "window" if state == "open" else policy.strategy
+        outcome = await self._attempt(run, strategy, trigger, level, degraded=state == "open")
+        if outcome.failure is not None and state == "half-open" and strategy != "window":
+            # the retry after the cool-down failed: open again, and fall back right away
+            await open_breaker(run, None, outcome.failure, failures=1)
             if policy.on_compaction_failure == "fail":
-                await self._fail_run(run, "the compaction circuit breaker is open")
-            strategy = "window"
+                await fail_run(run, f"compaction failed again: {outcome.failure}")
+            outcome = await self._attempt(run, "window", trigger, level, degraded=True)
+        return outcome
+
+    async def _attempt(
+        self, run: AgentRun, strategy: str, trigger: str, level: int, *, degraded: bool
+    ) -> CompactionOutcome:
         started = time.monotonic()
         before = (run.context_tokens, len(run.context))
         with run.env.tracing.compact_span(
@@ -249,15 +251,27 @@ class CompactingPipeline:
             details: dict[str, Any] = {"level": level, "degraded": degraded}
             try:
                 seqs = await self._context_seqs(run)
-                rebuilt = await self._rebuild(run, strategy, trigger, level, details)
+                rebuilt = await self._rebuild(run, strategy, trigger, level, seqs, details)
             except Exception as exc:
-                own = isinstance(exc, _CompactionError)
+                own = isinstance(exc, _CompactionError | SummarizerFailed)
                 error = str(exc) if own else f"{type(exc).__name__}: {exc}"
                 self._span_result(span, run, before, started, kept=None, failure=error)
-                await self._record_failure(
+                await record_failure(
                     run, span, strategy, trigger, before[0], started, error, details
                 )
                 return CompactionOutcome(applied=False, failure=error)
+            if rebuilt is None:  # would free too little: not worth a cache break
+                self._span_result(span, run, before, started, kept=None)
+                return CompactionOutcome(applied=False)
+            found = details.get("manifest") or {}
+            run.env.tracing.compaction_manifest(
+                span,
+                removed=len(found.get("removed_messages", ())),
+                tool_calls=len(found.get("tool_calls", ())),
+                handles=len(found.get("handles", ())),
+                missing=len(found.get("missing", ())),
+                inferred=len(found.get("inferred", ())),
+            )
             boundary_id = await self._apply(
                 run,
                 rebuilt,
@@ -281,7 +295,8 @@ class CompactingPipeline:
                 run.context_tokens,
             )
             if failure is not None:
-                await self._check_breaker(run, span=span, failure=failure)
+                self._warn_too_small(run)
+                await check_breaker(run, span=span, failure=failure)
         await run.rebuild_snapshot("compaction")
         return CompactionOutcome(applied=True, boundary_id=boundary_id)
 
@@ -308,33 +323,70 @@ class CompactingPipeline:
             failure=failure,
         )
 
+    def _tail_budget(self, run: AgentRun, level: int) -> int:
+        """Tokens the kept tail may hold (``keep_recent_tokens``, or a share of the room)."""
+        room = max(0, self.threshold(run) - self._fixed_tokens(run))
+        budget = run.agent.context.keep_recent_tokens
+        budget = int(room * TAIL_SHARE) if budget is None else min(budget, room // 2)
+        return budget >> level
+
     async def _rebuild(
-        self, run: AgentRun, strategy: str, trigger: str, level: int, details: dict[str, Any]
-    ) -> Rebuilt:
+        self,
+        run: AgentRun,
+        strategy: str,
+        trigger: str,
+        level: int,
+        seqs: list[int | None],
+        details: dict[str, Any],
+    ) -> Rebuilt | None:
         policy = run.agent.context
-        fixed = self._fixed_tokens(run)
-        threshold = self.threshold(run)
-        room = max(0, threshold - fixed - summary_max_tokens(threshold, run.agent.max_tokens))
+        nothing = level >= KEEP_NOTHING_LEVEL
         split = choose_split(
             run.context,
-            keep_recent=policy.keep_recent >> level if level < DEEPEST_LEVEL else 0,
-            max_tail_tokens=(room // 2) >> level,
+            keep_recent=0 if nothing else policy.keep_recent >> level,
+            max_tail_tokens=0 if nothing else self._tail_budget(run, level),
+            empty_tail=True,
         )
         if split is None:
             return self._stub_only(run, level)
+        head_seqs = seqs[: len(split.head)]
+        # what an earlier opening in the head stood for stays named in the new one
+        earlier = named_seqs(previous_summary(split.head))
+        named = sorted({*earlier, *(s for s in head_seqs if s is not None)})
+        if trigger == "auto" and self._frees_too_little(run, split):
+            return None
+        head = await originals(run, split.head)
         instructions = await self._pre_compact_hook(run, split, strategy, trigger)
+        handles = handles_in(split.head)
         if strategy == "summarize":
-            summary, model, usage = await self._summarize(run, split, instructions)
-            details["model"] = model
-            details["summary"] = summary
-            details["usage"] = usage.model_dump(mode="json")
-            rebuilt = summarized_context(split, summary)
+            result = await self._summarize(run, head, head_seqs, instructions)
+            details["model"] = result.model
+            details["summary"] = result.summary
+            details["usage"] = result.usage.model_dump(mode="json")
+            details["summary_parts"] = result.parts
+            details["summary_requests"] = len(result.requests)
+            listed = handles_line(named, handles, self._note_chars(run))
+            rebuilt = summarized_context(split, result.summary, listed)
+            found = manifest(
+                split.head,
+                head_seqs,
+                result.summary,
+                handles=handles,
+                previous=previous_summary(split.head),
+                summary=result.summary,
+            )
         elif strategy == "verbatim":
             rebuilt = verbatim_context(split, run.id)
+            handles += [spill.handle for spill in rebuilt.spills]
+            found = manifest(split.head, head_seqs, context_text(rebuilt.messages), handles=handles)
         else:
-            rebuilt = windowed_context(split)
-        if level >= DEEPEST_LEVEL:
-            rebuilt = _stub_everything(rebuilt, run.id)
+            spilled = cleared_context(split.head, keep_last=0, run_id=run.id).spills
+            handles += [spill.handle for spill in spilled]
+            note = dropped_note(split.head, named, handles, self._note_chars(run))
+            rebuilt = windowed_context(split, note)
+            rebuilt = Rebuilt(rebuilt.messages, rebuilt.sources, rebuilt.kept, spilled)
+            found = manifest(split.head, head_seqs, context_text(rebuilt.messages), handles=handles)
+        details["manifest"] = found.as_dict()
         problems = context_violations(rebuilt.messages)
         problems += content_violations(
             run.context, rebuilt.messages, thinking=run.agent.model_settings.thinking
@@ -343,14 +395,49 @@ class CompactingPipeline:
             raise _CompactionError("invalid compacted context: " + "; ".join(problems))
         return rebuilt
 
+    def _note_chars(self, run: AgentRun) -> int:
+        """Room for a note of what was replaced: a tenth of the messages' room."""
+        room = max(0, self.threshold(run) - self._fixed_tokens(run))
+        return max(200, chars_for_tokens(room // 10))
+
+    def _frees_too_little(self, run: AgentRun, split: Split) -> bool:
+        """A proactive compaction of ``split`` would free under ``MIN_FREE_FRACTION``."""
+        window = self.window(run)
+        head = estimate_messages(split.head)
+        after = self._fixed_tokens(run) + estimate_messages(split.tail) + head // 4
+        if after >= window - run.agent.context.reserve:
+            return False  # must compact whatever it frees
+        return head - head // 4 < window * MIN_FREE_FRACTION
+
+    def _warn_too_small(self, run: AgentRun) -> None:
+        """Say once per run that its window cannot hold one turn after its prompt."""
+        if run in self._warned:
+            return
+        self._warned.add(run)
+        policy = run.agent.context
+        fixed = self._fixed_tokens(run)
+        last = estimate_messages(run.context[-2:])
+        _log.warning(
+            "agent %r (run %s): its window (%d tokens) cannot hold one turn: the prompt and "
+            "tools take %d, the answer reserve %d, the latest turn %d; compaction cannot get "
+            "below the threshold (%d). Raise ContextPolicy.window or make tool results smaller.",
+            run.agent.name,
+            run.id,
+            self.window(run),
+            fixed,
+            policy.reserve,
+            last,
+            self.threshold(run),
+        )
+
     def _stub_only(self, run: AgentRun, level: int) -> Rebuilt:
         """No turn left to cut: a reactive retry can still stub the kept tool results."""
-        unchanged = Rebuilt(tuple(run.context), tuple(range(len(run.context))))
-        rebuilt = _stub_everything(unchanged, run.id) if level else unchanged
+        if not level:
+            raise _CompactionError("nothing to compact: no turn boundary to cut at")
+        rebuilt = cleared_context(run.context, keep_last=0, run_id=run.id)
         if not rebuilt.spills:
             raise _CompactionError("nothing to compact: no turn boundary to cut at")
-        kept = sum(1 for source in rebuilt.sources[1:] if source is not None)
-        return Rebuilt(rebuilt.messages, rebuilt.sources, kept, rebuilt.spills)
+        return rebuilt
 
     async def _pre_compact_hook(
         self, run: AgentRun, split: Split, strategy: str, trigger: str
@@ -382,54 +469,44 @@ class CompactingPipeline:
         return estimate_request(empty)
 
     async def _summarize(
-        self, run: AgentRun, split: Split, instructions: str | None
-    ) -> tuple[str, str, Usage]:
-        """Ask the summarizer (then the fallback) for a summary of ``split.head``."""
+        self,
+        run: AgentRun,
+        head: tuple[Message, ...],
+        seqs: list[int | None],
+        instructions: str | None,
+    ) -> Any:
+        """Ask the summarizer (then the fallback) for a summary of ``head``, in parts if
+        it does not fit the summarizer's window."""
         policy = run.agent.context
         models = [policy.summarizer_model or run.agent.model]
         if policy.fallback_summarizer_model and policy.fallback_summarizer_model not in models:
             models.append(policy.fallback_summarizer_model)
         window = self.window(run)
         max_tokens = summary_max_tokens(self.threshold(run), run.agent.max_tokens)
-        fixed = self._fixed_tokens(run)
-        budget = window - max_tokens - fixed - window // 20
-        errors: list[str] = []
-        for model in models:
-            room = budget
-            for _ in range(3):
-                # the summarizer does not think: earlier thinking is omitted, never altered
-                head = drop_thinking(fit_for_summarizer(split.head, room))
-                messages = summary_request(head, instructions)
-                request = run.with_breakpoints(
-                    ModelRequest(
-                        model=model,
-                        system=run.system,
-                        tools=run.tools,
-                        messages=tuple(messages),
-                        max_tokens=max_tokens,
-                    )
+        budget = window - max_tokens - self._fixed_tokens(run) - window // 20
+
+        def build(model: str, messages: list[Message]) -> ModelRequest:
+            return run.with_breakpoints(
+                ModelRequest(
+                    model=model,
+                    system=run.system,
+                    tools=run.tools,
+                    messages=tuple(messages),
+                    max_tokens=max_tokens,
                 )
-                try:
-                    response = await self._call(run, request)
-                except PromptTooLongError as exc:
-                    errors.append(f"{model}: {exc}")
-                    room = min(room, estimate_messages(messages)) // 2
-                    learned = await self.limits.learn(
-                        run, exc, model=model, estimate=estimate_request(request)
-                    )
-                    if learned is not None:
-                        room = min(room, learned.window - max_tokens - fixed)
-                    continue
-                except ModelError as exc:
-                    errors.append(f"{model}: {type(exc).__name__}: {exc}")
-                    break
-                try:
-                    text = response.to_message().text
-                    return extract_summary(text), model, response.usage
-                except SummaryError as exc:
-                    errors.append(f"{model}: {exc}")
-                    break
-        raise _CompactionError("summarizer failed: " + " | ".join(errors))
+            )
+
+        # the summarizer does not think: earlier thinking is omitted, never altered
+        return await summarize(
+            drop_thinking(head),
+            models=models,
+            budget=budget,
+            build=build,
+            call=lambda request: self._call(run, request),
+            instructions=instructions,
+            labels=[f"msg-{s}" if s is not None else None for s in seqs],
+            max_summary_tokens=max_tokens,
+        )
 
     async def _call(self, run: AgentRun, request: ModelRequest) -> ModelResponse:
         """One summarizer call, retried like any model call, traced as a child span."""
@@ -437,7 +514,13 @@ class CompactingPipeline:
         async def attempt(n: int) -> ModelResponse:
             return await run.request_once(request, attempt=n, purpose="compaction")
 
-        return await run.with_retries(attempt)
+        try:
+            return await run.with_retries(attempt)
+        except PromptTooLongError as exc:  # teach the channel's limit, then smaller parts
+            await self.limits.learn(
+                run, exc, model=request.model, estimate=estimate_request(request)
+            )
+            raise
 
     # ------------------------------------------------------------------ store
     async def _context_seqs(self, run: AgentRun) -> list[int | None]:
@@ -468,7 +551,7 @@ class CompactingPipeline:
         started: float,
         details: dict[str, Any] | None = None,
     ) -> int:
-        """Commit ``rebuilt`` as a boundary (spills first), then swap it in."""
+        """Commit ``rebuilt`` as a boundary (spills first), then hand it to the run."""
         store = run.env.store
         details = details if details is not None else {}
         new_seqs = [seqs[i] if i is not None else None for i in rebuilt.sources]
@@ -482,17 +565,7 @@ class CompactingPipeline:
                     spill.call_id,
                     attachments_to_json(spill.attachments),
                 )
-        rows = [
-            MessageRecord(
-                run_id=run.id,
-                seq=layout.first_new_seq + offset,
-                role=message.role,
-                content=_message_json(message),
-                kind="context",
-                created=time.time(),
-            )
-            for offset, message in enumerate(layout.new_rows)
-        ]
+        rows = run.message_records(layout.new_rows, kind="context")
         after = ModelRequest(
             model=run.agent.model,
             system=run.system,
@@ -523,92 +596,5 @@ class CompactingPipeline:
             extra=json.dumps({**details, "next_seq": run.next_seq, "kept": rebuilt.kept}),
         )
         boundary_id = await store.add_boundary(boundary, rows)
-        run.next_seq = layout.next_seq
-        run.replace_context(list(rebuilt.messages))
+        run.replace_context(list(rebuilt.messages), next_seq=layout.next_seq)
         return boundary_id
-
-    async def _record_failure(
-        self,
-        run: AgentRun,
-        span: Span,
-        strategy: str,
-        trigger: str,
-        tokens_before: int,
-        started: float,
-        failure: str,
-        details: dict[str, Any],
-    ) -> None:
-        details.pop("summary", None)
-        await run.env.store.add_boundary(
-            BoundaryRecord(
-                run_id=run.id,
-                kind="compaction",
-                prefix="[]",
-                ranges="[]",
-                created=time.time(),
-                strategy=strategy,
-                trigger=trigger,
-                tokens_before=tokens_before,
-                messages_before=len(run.context),
-                model=details.pop("model", None),
-                duration=time.monotonic() - started,
-                status="failed",
-                error=failure,
-                extra=json.dumps(details),
-            )
-        )
-        _log.warning("compaction of %s (run %s) failed: %s", run.agent.name, run.id, failure)
-        await self._check_breaker(run, span=span, failure=failure)
-
-    async def _check_breaker(self, run: AgentRun, *, span: Span | None, failure: str) -> None:
-        """Open the breaker when failures reach the policy's limit (once), then apply it."""
-        policy = run.agent.context
-        store = run.env.store
-        boundaries = await store.list_boundaries(run_id=run.id)
-        failures = consecutive_failures(boundaries)
-        if failures < policy.max_compaction_failures:
-            return
-        already_open = breaker_open(boundaries)
-        message = (
-            f"compaction circuit breaker open for agent {run.agent.name!r} (run {run.id}): "
-            f"{failures} failures in a row; last: {failure}"
-        )
-        if not already_open:
-            await store.add_boundary(
-                BoundaryRecord(
-                    run_id=run.id,
-                    kind="breaker",
-                    prefix="[]",
-                    ranges="[]",
-                    created=time.time(),
-                    status="open",
-                    error=failure,
-                    extra=json.dumps(
-                        {"failures": failures, "policy": policy.on_compaction_failure}
-                    ),
-                )
-            )
-            _log.warning("%s; policy %r", message, policy.on_compaction_failure)
-            if span is not None:
-                run.env.tracing.event(
-                    span,
-                    "compaction.breaker_open",
-                    {"failures": failures, "policy": policy.on_compaction_failure},
-                )
-        if policy.on_compaction_failure == "fail":
-            await self._fail_run(run, message)
-
-    async def _fail_run(self, run: AgentRun, message: str) -> None:
-        await run.env.store.finish_run(run.id, "failed", error=message)
-        error = CompactionFailedError(message)
-        error.session_id = run.env.session_id
-        raise error
-
-
-def _stub_everything(rebuilt: Rebuilt, run_id: str) -> Rebuilt:
-    """``rebuilt`` with every tool result (the tail's too) replaced by its stub."""
-    cleared = cleared_context(rebuilt.messages, keep_last=0, run_id=run_id)
-    sources = tuple(
-        rebuilt.sources[i] if s is not None else None for i, s in enumerate(cleared.sources)
-    )
-    return Rebuilt(cleared.messages, sources, rebuilt.kept, rebuilt.spills + cleared.spills)

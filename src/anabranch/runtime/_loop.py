@@ -366,8 +366,11 @@ class AgentRun(ToolCalls):
         self.appended_since_usage.extend(messages)
         self.turn_base = self.turns
 
-    def replace_context(self, context: list[Message]) -> None:
-        """Swap in a compacted context (the caller has committed the boundary)."""
+    def replace_context(self, context: list[Message], *, next_seq: int | None = None) -> None:
+        """Swap in a compacted context (the caller has committed the boundary, and the
+        derived rows it appended, which move ``next_seq`` on)."""
+        if next_seq is not None:
+            self.next_seq = next_seq
         self.context = context
         self.last_usage = None
         self.appended_since_usage = list(context)

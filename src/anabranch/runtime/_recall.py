@@ -17,6 +17,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from anabranch.agents import Agent
+from anabranch.context._budget import word_cut
 from anabranch.context._content import (
     attachment_note,
     attachments_from_json,
@@ -35,9 +36,11 @@ from anabranch.messages import (
 from anabranch.runtime._builtins import ToolOutcome
 from anabranch.runtime._history import message_from_record
 from anabranch.runtime._view import RunView
+from anabranch.store import HistoryHit, Store
 
 __all__ = ["RecallTool"]
 
+RECALL = "recall"
 _MESSAGE_ID = re.compile(r"^msg-(\d+)$")
 _PAGE_NOTE_ROOM = 200
 
@@ -92,7 +95,7 @@ def _render(message: Message) -> str:
 class RecallTool:
     """``recall``: fetch an original by handle, or search the run's own history."""
 
-    name = "recall"
+    name = RECALL
 
     def applies_to(self, agent: Agent) -> bool:
         return True
@@ -135,24 +138,91 @@ class RecallTool:
                     attachments = attachments_from_json(extra) if extra else ()
         if text is None:
             return ToolOutcome(f"Nothing is stored under id {handle!r} for this run.", True)
-        page = max(1, run.agent.context.tool_result_max_chars - _PAGE_NOTE_ROOM)
+        page = max(1, run.agent.context.spill_chars - _PAGE_NOTE_ROOM)
         if offset >= len(text) and text:
             return ToolOutcome(f"id {handle} has {len(text):,} characters; offset is past the end.")
-        chunk = text[offset : offset + page]
+        chunk = text[offset : offset + word_cut(text[offset:], page)]
         end = offset + len(chunk)
         if end < len(text):
             chunk += f"\n[{len(text) - end:,} more characters: recall id={handle} offset={end}]"
         return ToolOutcome(chunk, attachments=attachments if offset == 0 else ())
 
     async def _search(self, run: RunView, query: str, limit: int) -> ToolOutcome:
-        hits = await run.store.search_history(run.id, query, limit)
-        if not hits:
+        """Search the run's history, leaving out the current turn and recall's own calls
+        and results; best matches first; any word when no hit has them all."""
+        words = [w.lower() for w in re.findall(r"\w+", query)]
+        if not words:
             return ToolOutcome(f"No match for {query!r} in this run's history.")
-        lines = [f"{len(hits)} match(es) for {query!r} in this run's history:"]
-        for hit in hits:
+        store = run.store
+        wanted = limit * 4 + 8
+        ranked = await self._useful(run, await store.search_history(run.id, query, wanted))
+        if not ranked and len(words) > 1:  # nothing useful has every word: rank by any word
+            ranked = await self._any_word(run, list(dict.fromkeys(words)), wanted)
+        ranked = ranked[:limit]
+        if not ranked:
+            return ToolOutcome(f"No match for {query!r} in this run's history.")
+        lines = [f"{len(ranked)} match(es) for {query!r} in this run's history:"]
+        for hit in ranked:
             ref = f"msg-{hit.ref}" if hit.source == "message" else hit.ref
             kind = "message" if hit.source == "message" else "tool output"
             snippet = " ".join(hit.snippet.split())
             lines.append(f"- id={ref} ({kind}): {snippet}")
         lines.append("Read one in full with recall(id=...).")
         return ToolOutcome("\n".join(lines))
+
+    async def _any_word(self, run: RunView, words: list[str], wanted: int) -> list[HistoryHit]:
+        """Hits of any word, those matching the most words first, rarer words first; each
+        with the snippet of its rarest matching word."""
+        found = [(word, await run.store.search_history(run.id, word, wanted)) for word in words]
+        found.sort(key=lambda pair: len(pair[1]))
+        best: dict[tuple[str, str], tuple[HistoryHit, int]] = {}
+        matched: dict[tuple[str, str], int] = {}
+        for rarity, (_, hits) in enumerate(found):
+            for hit in hits:
+                key = (hit.source, hit.ref)
+                best.setdefault(key, (hit, rarity))
+                matched[key] = matched.get(key, 0) + 1
+        order = sorted(best, key=lambda key: (-matched[key], best[key][1]))
+        return await self._useful(run, [best[key][0] for key in order])
+
+    async def _useful(self, run: RunView, hits: list[HistoryHit]) -> list[HistoryHit]:
+        """``hits`` without the current turn and without recall's own calls and results."""
+        current = run.next_seq - 1 if run.context and run.context[-1].role == "assistant" else None
+        store = run.store
+        kept: list[HistoryHit] = []
+        for hit in hits:
+            if hit.source != "message":
+                kept.append(hit)
+                continue
+            seq = int(hit.ref)
+            if current is not None and seq >= current:
+                continue
+            if not await _only_recall(store, run.id, seq):
+                kept.append(hit)
+        return kept
+
+
+async def _only_recall(store: Store, run_id: str, seq: int) -> bool:
+    """Whether stored message ``seq`` holds nothing but recall calls or recall results."""
+    records = await store.load_messages(run_id, from_seq=max(0, seq - 1), to_seq=seq)
+    by_seq = {r.seq: r for r in records}
+    record = by_seq.get(seq)
+    if record is None:
+        return False
+    message = _message(record.role, record.content)
+    if message.role == "assistant":
+        return bool(message.tool_uses) and all(
+            isinstance(b, ToolUseBlock) and b.name == RECALL for b in message.content
+        )
+    previous = by_seq.get(seq - 1)
+    if previous is None or not message.tool_results:
+        return False
+    names = {u.id: u.name for u in _message(previous.role, previous.content).tool_uses}
+    return all(
+        isinstance(b, ToolResultBlock) and names.get(b.tool_use_id) == RECALL
+        for b in message.content
+    )
+
+
+def _message(role: str, content: str) -> Message:
+    return Message.model_validate({"role": role, "content": json.loads(content)})

@@ -37,8 +37,15 @@ __all__ = [
 
 SUMMARY_TAG = "<summary>"
 _SUMMARY_WRAPPER = "<summary_of_earlier_conversation>"
+_DROPPED = "<dropped_messages>"
 _ROUND_ID = re.compile(r"^toolu_[0-9a-f]{20}r(\d+)$")
 _ASKED = re.compile(r"^User asked: (.*)$", re.MULTILINE)
+_ROUNDS = re.compile(r"^Tool rounds done: (\d+)$", re.MULTILINE)
+_PART_TAG = "<conversation_part "
+_NAMED_ROUND = re.compile(r"toolu_[0-9a-f]{20}r(\d+)\b")
+_SO_FAR = re.compile(r"<summary_so_far>\n(.*?)\n</summary_so_far>", re.DOTALL)
+_PLAIN_USER = re.compile(r"^\(user[^)]*\)\n(.+)$", re.MULTILINE)
+_CALL_ROUND = re.compile(r"\[tool call \S+ id=toolu_[0-9a-f]{20}r(\d+)\]")
 
 
 def is_summary_request(request: ModelRequest) -> bool:
@@ -205,6 +212,9 @@ class TestModel:
     def respond(self, request: ModelRequest) -> list[Block]:
         """The content blocks this model answers ``request`` with."""
         if is_summary_request(request):
+            last = request.messages[-1].text
+            if _PART_TAG in last:
+                return [TextBlock(text=self._part_summary(last))]
             return [TextBlock(text=self._summary(request.messages[:-1]))]
         rounds_done = self._rounds_since_task(request.messages)
         callable_tools = [t for t in request.tools if t.name not in self.skip_tools]
@@ -228,7 +238,13 @@ class TestModel:
                     return int(match.group(1)) + 1 + rounds
                 rounds += 1
             elif message.role == "user" and not message.tool_results:
-                break
+                # a compaction that kept no tool call says how many ran (in its summary,
+                # or by the call ids its note of dropped messages lists)
+                if not is_compaction_message(message):
+                    break
+                match = _ROUNDS.search(message.text)
+                named = [int(r) + 1 for r in _NAMED_ROUND.findall(message.text)]
+                return rounds + max([int(match.group(1)) if match else 0, *named])
         return rounds
 
     def _tool_calls(
@@ -284,7 +300,7 @@ class TestModel:
         if not is_compaction_message(first):
             return first.text
         texts = [b.text for b in first.content[1:] if isinstance(b, TextBlock)]
-        carried = [t for t in texts[1:] if not t.startswith(_SUMMARY_WRAPPER)]
+        carried = [t for t in texts[1:] if not t.startswith((_SUMMARY_WRAPPER, _DROPPED))]
         if carried:  # a conversation's turn kept with the opening: the latest question
             return carried[-1]
         body = "\n".join(texts)
@@ -304,6 +320,36 @@ class TestModel:
             lines.append("- no tool results")
         return "\n".join(lines)
 
+    def _part_summary(self, text: str) -> str:
+        """A summary of one part of a long range (rendered as text) and the summary so far."""
+        found = _SO_FAR.search(text)
+        so_far = found.group(1) if found else ""
+        part = text[found.end() :] if found else text
+        requests = [
+            m
+            for m in _PLAIN_USER.finditer(part)
+            if not m.group(1).startswith(("[tool result", "<compacted_context"))
+        ]
+        rounds_match = _ROUNDS.search(so_far) or _ROUNDS.search(part)
+        rounds = int(rounds_match.group(1)) if rounds_match else 0
+        if requests:  # a newer request in this part: it is what was asked, rounds restart
+            asked = requests[-1].group(1)
+            part, rounds = part[requests[-1].end() :], 0
+        else:
+            asked_match = _ASKED.search(so_far) or _ASKED.search(part)
+            asked = asked_match.group(1) if asked_match else "(nothing)"
+        rounds = max([rounds, *(int(r) + 1 for r in _CALL_ROUND.findall(part))])
+        body = [
+            f"User asked: {asked[: self.report_chars]}",
+            f"Tool rounds done: {rounds}",
+            "Next steps: continue the task.",
+        ]
+        return (
+            "<analysis>Reviewed this part.</analysis>\n<summary>\n"
+            + "\n".join(body)
+            + "\n</summary>"
+        )
+
     def _summary(self, messages: Sequence[Message]) -> str:
         asked = self._asked(messages)
         tools = sorted({b.name for m in messages for b in m.tool_uses})
@@ -313,6 +359,7 @@ class TestModel:
             f"User asked: {asked[: self.report_chars] if asked else '(nothing)'}",
             f"Messages summarized: {len(messages)}",
             f"Tools used: {', '.join(tools) or 'none'}",
+            f"Tool rounds done: {self._rounds_since_task(messages)}",
             *(f"Result: {fact}" for fact in facts),
             "Next steps: continue the task.",
         ]

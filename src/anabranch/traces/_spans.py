@@ -565,6 +565,28 @@ class Tracing:
             except Exception:  # pragma: no cover
                 _log.debug("could not set span status", exc_info=True)
 
+    def compaction_manifest(
+        self,
+        span: Span,
+        *,
+        removed: int,
+        tool_calls: int,
+        handles: int,
+        missing: int,
+        inferred: int,
+    ) -> None:
+        """The counts of a compaction's loss manifest (never the terms themselves)."""
+        _safe_set(
+            span,
+            {
+                "anabranch.compaction.removed_messages": removed,
+                "anabranch.compaction.removed_tool_calls": tool_calls,
+                "anabranch.compaction.handles": handles,
+                "anabranch.compaction.missing_terms": missing,
+                "anabranch.compaction.inferred_statements": inferred,
+            },
+        )
+
     # ------------------------------------------------------------------ memory
     @contextmanager
     def memory_span(self, operation: str, *, agent: str, session_id: str | None) -> Iterator[Span]:
