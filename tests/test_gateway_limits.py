@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from anabranch import Agent, ContextPolicy, RetryPolicy, Runtime
 from anabranch.cli import main
-from anabranch.errors import UserError
+from anabranch.errors import OverloadedError, UserError
+from anabranch.messages import ModelRequest
 from anabranch.models import AnthropicModel
 from anabranch.models._gateway import public_channel
 from anabranch.store import SQLiteStore
-from anabranch.testing import Fault, MessagesServer, TestModel
+from anabranch.testing import FunctionModel, MessagesServer, TestModel
+from anabranch.testing._models import is_summary_request
 
 from .compaction_helpers import fetch
 from .gateway_helpers import gateway_shim
@@ -48,11 +51,20 @@ async def test_a_resumed_run_and_the_next_session_start_with_the_learned_limit(
 ) -> None:
     db = tmp_path / "limits.db"
     with anyio.fail_after(90):
-        async with MessagesServer(TestModel(rounds=14)) as srv:
+        inner = TestModel(rounds=14)
+        broken = {"on": False}
+
+        def upstream(request: ModelRequest) -> Any:
+            # after the refusal the upstream breaks, once the compaction's summary (in
+            # however many parts) is written: the next turn of the run fails
+            if broken["on"] and not is_summary_request(request):
+                raise OverloadedError("Overloaded", status_code=529, error_type="overloaded_error")
+            return inner.respond(request)
+
+        async with MessagesServer(FunctionModel(upstream)) as srv:
 
             def fail_after_the_summary() -> None:  # the upstream breaks after the compaction
-                srv.faults.push(Fault(kind="latency", delay=0.0))  # the summarizer's call
-                srv.faults.kinds, srv.faults.rate = ("overloaded",), 1.0
+                broken["on"] = True
 
             async with gateway_shim(srv.base_url, max_input_tokens=GATEWAY_WINDOW, ratio=1.6) as gw:
                 gw.on_refuse = fail_after_the_summary
@@ -67,7 +79,7 @@ async def test_a_resumed_run_and_the_next_session_start_with_the_learned_limit(
                     await model.aclose()
                 assert failed.status == "failed" and "Overloaded" in (failed.error or "")
                 assert len(gw.refused) == 1
-                srv.faults.rate = 0.0
+                broken["on"] = False
                 # 2. a new process (a fresh pipeline) resumes: the limit comes from the store
                 model = AnthropicModel(base_url=gw.base_url, api_key="test")
                 try:
