@@ -14,6 +14,7 @@ from anabranch.cli import main
 from anabranch.errors import ModelConnectionError
 from anabranch.messages import ModelRequest
 from anabranch.models._retry import RetryPolicy
+from anabranch.runtime._recall import PREVENTIVE_NOTE
 from anabranch.testing import FunctionModel
 
 from ._cache_support import ScriptedPipeline, agent, compact, tool_loop
@@ -64,7 +65,8 @@ async def test_snapshot_holds_bootstrap_files_date_and_cwd(
         runs = await rt.store.list_runs(result.session_id)
         snapshots = await rt.store.list_snapshots(runs[0].id)
     static, dynamic = (b.text for b in model.requests[0].system)
-    assert static == "Investigate with probe, then report."
+    assert static.startswith("Investigate with probe, then report.\n\n")
+    assert static.endswith(PREVENTIVE_NOTE)  # the recall tool's note (on by default)
     assert '<agents path="AGENTS.md">\nRun the tests with m\n[... truncated' in dynamic
     assert "truncated: only the first 20 characters of AGENTS.md" in dynamic
     assert '<memory path="MEMORY.md" missing="true"></memory>' in dynamic

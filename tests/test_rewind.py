@@ -208,7 +208,7 @@ def test_cli_lists_compactions_and_rewinds(tmp_path: Path) -> None:
     session_id, run_id, boundaries = anyio.run(make)
     listed = anabranch("compactions", session_id, "--db", str(db))
     assert listed.returncode == 0, listed.stderr
-    lines = listed.stdout.splitlines()
+    lines = [line for line in listed.stdout.splitlines() if not line.startswith("      ")]
     assert "TRIGGER" in lines[0] and "STRATEGY" in lines[0] and "OUTCOME" in lines[0]
     assert len(lines) == 1 + len(boundaries)
     ok = boundaries[0]

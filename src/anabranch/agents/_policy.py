@@ -49,6 +49,9 @@ class ContextPolicy(BaseModel):
     on_compaction_failure: Literal["fail", "continue"] = "continue"
     on_compact: Callable[..., Any] | None = None
     """Called with the messages about to be compacted; may return extra summary instructions."""
+    preventive_notes: bool = True
+    """Tell the model in the static prompt that old tool results may be cleared or
+    summarized, so it writes down what it will need (and can recall the rest)."""
     system_prompt_snapshot: bool = True
     """Build the system prompt once per run (rebuilt only after a compaction)."""
     cache_ttl: Literal["5m", "1h"] = "5m"

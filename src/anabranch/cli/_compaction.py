@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from anabranch.cli._common import CliError, add_command
+from anabranch.context._digest import handle_ranges
 from anabranch.errors import SessionNotFoundError
 from anabranch.runtime._history import boundary_extra
 from anabranch.runtime._runtime import Runtime
@@ -25,6 +27,36 @@ def _outcome(boundary: BoundaryRecord) -> str:
         return f"failed: {' '.join((boundary.error or '').split())[:120]}"
     notes = [n for n in ("ineffective", "degraded") if extra.get(n)]
     return "ok" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def _manifest_lines(boundary: BoundaryRecord, full: bool) -> list[str]:
+    """The loss manifest of an ``ok`` compaction, as indented lines (see context.digest)."""
+    extra: dict[str, Any] = json.loads(boundary.extra) if boundary.extra else {}
+    found = extra.get("manifest")
+    if boundary.kind != "compaction" or boundary.status != "ok" or not isinstance(found, dict):
+        return []
+    removed = [int(s) for s in found.get("removed_messages", [])]
+    missing = [str(t) for t in found.get("missing", [])]
+    inferred = [str(t) for t in found.get("inferred", [])]
+    handles = [str(h) for h in found.get("handles", [])]
+    shown = 8 if not full else len(missing)
+    lines = [
+        f"      removed {len(removed)} messages ({', '.join(handle_ranges(removed)) or '-'}), "
+        f"{len(found.get('tool_calls', []))} tool calls, {len(handles)} output handles"
+    ]
+    if missing:
+        more = f" (+{len(missing) - shown} more; --full lists all)" if len(missing) > shown else ""
+        lines.append(
+            f"      not in the summary: {len(missing)} terms: {', '.join(missing[:shown])}{more}"
+        )
+    else:
+        lines.append("      not in the summary: nothing (every identifier, number and path kept)")
+    if inferred:
+        lines.append(f"      inferred (found nowhere in the range): {len(inferred)} lines")
+        lines.extend(f"        - {line[:160]}" for line in inferred[: None if full else 3])
+    if full and handles:
+        lines.append("      handles: " + ", ".join(handles))
+    return lines
 
 
 def _tokens(before: int | None, after: int | None) -> str:
@@ -69,6 +101,8 @@ async def cmd_compactions(args: argparse.Namespace) -> int:
             f"{_tokens(b.tokens_before, b.tokens_after):>13} {messages:>9} {seconds:>7}  "
             f"{_outcome(b)}"
         )
+        for line in _manifest_lines(b, args.full):
+            print(line)
     return 0
 
 
@@ -99,10 +133,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         commands,
         "compactions",
         cmd_compactions,
-        "List every compaction in a session: agent, trigger, strategy, tokens, outcome.",
+        "List every compaction in a session: agent, trigger, strategy, tokens, outcome, and "
+        "its loss manifest (what was removed; what the summary lacks or inferred).",
     )
     compactions.add_argument("session_id", metavar="ID")
     compactions.add_argument("--json", action="store_true", help="machine-readable (docs/json.md)")
+    compactions.add_argument(
+        "--full",
+        action="store_true",
+        help="list every term missing from a summary, every inferred line and every handle",
+    )
     rewind = add_command(
         commands,
         "rewind",

@@ -54,6 +54,15 @@ DESCRIPTION = (
 )
 
 
+PREVENTIVE_NOTE = (
+    "Your context is kept within its window automatically: old tool results may be "
+    "cleared, and older turns replaced by a summary. When a result holds something you "
+    "will need later (an id, a number, a path, a decision), write it down in your reply "
+    "as you go. Nothing is deleted: the recall tool brings back any earlier message or "
+    "output by its id, or finds it by a few words."
+)
+
+
 class RecallArguments(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -99,6 +108,12 @@ class RecallTool:
 
     def applies_to(self, agent: Agent) -> bool:
         return True
+
+    def guidance(self, agent: Agent) -> str:
+        """The preventive note of the static prompt (``ContextPolicy.preventive_notes``)."""
+        if not agent.context.preventive_notes:
+            return ""
+        return PREVENTIVE_NOTE
 
     def definition(self, agent: Agent) -> ToolDefinition:
         return ToolDefinition(name=self.name, description=DESCRIPTION, input_schema=_schema())
