@@ -37,6 +37,9 @@ def small_policy(**overrides: Any) -> ContextPolicy:
         "keep_recent": 4,
         "tool_result_max_chars": 800,
         "tool_result_preview_chars": 200,
+        # the preventive note (~90 tokens of static prompt) is measured on its own; these
+        # 1,500-token windows are sized for the compaction mechanics without it
+        "preventive_notes": False,
     }
     settings.update(overrides)
     return ContextPolicy(**settings)
