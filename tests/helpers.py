@@ -10,7 +10,7 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -18,6 +18,9 @@ from anabranch.errors import RunFailedError
 from anabranch.messages import Block, ModelRequest, TextBlock, ToolUseBlock
 from anabranch.runtime import RunResult
 from anabranch.store import SQLiteStore, Store
+
+if TYPE_CHECKING:
+    from anabranch import Agent, Runtime
 
 _ids = itertools.count(1)
 
@@ -90,3 +93,16 @@ def kill_9_once_marked(process: subprocess.Popen[str], marker: Path, what: str) 
         if process.poll() is None:
             process.kill()
     assert process.returncode == -signal.SIGKILL
+async def run_until(rt: Runtime, agent: Agent, task: str, reached: anyio.Event) -> str:
+    """Start ``agent`` on ``task``, cancel the run once ``reached`` is set (as a Ctrl-C
+    would), and return the session id, left interrupted."""
+    sessions: list[str] = []
+    async with anyio.create_task_group() as group:
+
+        async def run() -> None:
+            await rt.run(agent, task, on_session=sessions.append)
+
+        group.start_soon(run)
+        await reached.wait()
+        group.cancel_scope.cancel()
+    return sessions[0]

@@ -17,17 +17,28 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "research.py"
 
 
-def anabranch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    env["ANTHROPIC_OPEN_TELEMETRY"] = "false"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+def anabranch(
+    *args: str | bytes,
+    cwd: Path | None = None,
+    timeout: float = 120,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m anabranch ARGS`` with no Anthropic variables from the developer's shell."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    full["ANTHROPIC_OPEN_TELEMETRY"] = "false"
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), full.get("PYTHONPATH")]))
+    full.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "anabranch", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        errors="replace",
+        timeout=timeout,
         cwd=cwd or ROOT,
-        env=env,
+        env=full,
+        input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
     )
 
 

@@ -109,4 +109,5 @@ def test_a_failed_graph_exits_non_zero_and_show_lists_tasks_never_run(
     assert "status=failed" in shown
     assert re.search(r"^first: flaky \[failed\]", shown, re.M)
     assert re.search(r"^side: steady \[done\]", shown, re.M)
-    assert re.search(r"^second: steady \[not run\]", shown, re.M)
+    # labelled as GraphResult reports it (before: "[not run]", where the API says failed)
+    assert re.search(r"^second: steady \[failed: not run, dependency 'first' failed\]", shown, re.M)

@@ -163,3 +163,36 @@ def test_agents_are_frozen() -> None:
 def test_threshold_respects_output_reserve() -> None:
     assert ContextPolicy(window=10_000, compact_at=0.5).threshold == 5_000
     assert ContextPolicy(window=10_000, compact_at=1.0, output_reserve=2_000).threshold == 8_000
+
+
+def test_the_output_reserve_scales_with_a_small_window() -> None:
+    """Before: ``ContextPolicy(window=3000)`` was refused over an undocumented 4,096 reserve."""
+    small = ContextPolicy(window=3000)
+    assert small.reserve == 375 and small.threshold == 2100
+    assert ContextPolicy(window=64_000).reserve == 4096
+    assert ContextPolicy(window=3000, output_reserve=200).threshold == 2100
+
+
+def test_every_example_sub_agent_has_a_description() -> None:
+    """Supervisors list their sub-agents by description; the examples must set one."""
+    from pathlib import Path
+
+    from anabranch.runtime._loader import load_object
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    found = []
+    for path in sorted(examples.glob("*.py")):
+        for name in ("supervisor", "graph"):
+            try:
+                root = load_object(f"{path}:{name}")
+            except Exception:
+                continue
+            agents = [t.agent for t in root.tasks] if hasattr(root, "tasks") else [root]
+            stack = list(agents)
+            while stack:
+                agent = stack.pop()
+                stack.extend(agent.subagents)
+                for sub in agent.subagents:
+                    found.append((path.name, sub.name, sub.description))
+    assert found
+    assert [f for f in found if not f[2]] == []

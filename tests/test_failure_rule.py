@@ -107,7 +107,10 @@ async def test_a_failed_graph_is_a_result_by_the_same_rule(tmp_path: Path) -> No
     assert again.status == "failed" and again.error == result.error
 
 
-async def test_aclose_closes_the_client_it_created(tmp_path: Path) -> None:
+async def test_aclose_closes_the_client_it_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "unused")  # the default model needs credentials
     async with Runtime(db=tmp_path / "c.db") as rt:
         model = rt.model
         assert isinstance(model, AnthropicModel)

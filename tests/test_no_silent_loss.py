@@ -69,7 +69,7 @@ def histories(draw: st.DrawFn) -> list[Message]:
 
 def _units(messages: list[Message]) -> list[tuple[int, str]]:
     """(seq, token) of every block of the original context."""
-    out = []
+    out: list[tuple[int, str]] = []
     for seq, message in enumerate(messages):
         for block in message.content:
             text = render_message(Message(role=message.role, content=(block,)))
@@ -93,7 +93,7 @@ async def _check(
 
     policy = ContextPolicy(
         window=window,
-        strategy=strategy,  # type: ignore[arg-type]
+        strategy=strategy,
         output_reserve=window // 8,
         keep_recent=2,
     )

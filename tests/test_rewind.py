@@ -220,7 +220,10 @@ def test_cli_lists_compactions_and_rewinds(tmp_path: Path) -> None:
     rewound = anabranch("rewind", session_id, run_id, str(ok.id), "--db", str(db))
     assert rewound.returncode == 0, rewound.stderr
     assert f"rewound to before boundary #{ok.id}" in rewound.stdout
-    assert f"anabranch resume {session_id}" in rewound.stdout
+    # the run had finished: resume would return its result, so the command says so
+    # (before: "continue from there with: anabranch resume ...", which then ran nothing)
+    assert "continue from there" not in rewound.stdout
+    assert "resume returns the finished result and runs nothing" in rewound.stdout
     relisted = anabranch("compactions", session_id, "--db", str(db))
     assert relisted.stdout.splitlines()[-1].rstrip().endswith(f"rewound to before #{ok.id}")
 

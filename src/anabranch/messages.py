@@ -10,14 +10,17 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 import weakref
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     TypeAdapter,
+    ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
@@ -46,11 +49,14 @@ __all__ = [
     "ToolResultBlock",
     "ToolUseBlock",
     "Usage",
+    "ValidText",
     "canonical_json",
     "message_digest",
     "messages_from_json",
     "messages_to_json",
     "sniff_image_type",
+    "valid_json",
+    "valid_text",
 ]
 
 CacheTTL = Literal["5m", "1h"]
@@ -65,6 +71,53 @@ StopReason = Literal[
 ]
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """``text`` as valid Unicode: each lone surrogate becomes U+FFFD.
+
+    Python strings may hold lone surrogates (``os.fsdecode`` and ``os.listdir`` give them for
+    file names that are not UTF-8, ``surrogateescape`` decoding gives them for any bytes);
+    they cannot be encoded as UTF-8, so neither SQLite nor the API could take them. NUL and
+    every other code point are valid and kept.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+    return text
+
+
+def valid_json(value: Any) -> Any:
+    """A JSON-like value with every string in it (keys too) passed through ``valid_text``."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, dict):
+        return {valid_text(str(k)): valid_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [valid_json(v) for v in value]
+    return value
+
+
+def _python_text(text: str, info: ValidationInfo) -> str:
+    # JSON input cannot carry a lone surrogate (pydantic's parser refuses one): only Python
+    # objects need the check, so loading stored messages pays nothing for it.
+    return text if info.mode == "json" else valid_text(text)
+
+
+def _python_json(value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+    return value if info.mode == "json" else valid_json(value)
+
+
+ValidText = Annotated[str, AfterValidator(_python_text)]
+"""A ``str`` field that never holds a lone surrogate (see ``valid_text``)."""
+
+_ValidJSONObject = Annotated[dict[str, Any], AfterValidator(_python_json)]
+
+
 def canonical_json(value: Any) -> str:
     """Deterministic JSON: sorted keys, no whitespace. Used for anything cached or hashed."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -76,7 +129,7 @@ class _Frozen(BaseModel):
 
 class TextBlock(_Frozen):
     type: Literal["text"] = "text"
-    text: str
+    text: ValidText
 
 
 class ThinkingBlock(_Frozen):
@@ -194,9 +247,9 @@ class Document(_Binary):
     media_type: Literal["application/pdf", "text/plain"] = "application/pdf"
     data: bytes | None = None
     url: str | None = None
-    text: str | None = None
+    text: ValidText | None = None
     title: str | None = None
-    context: str | None = None
+    context: ValidText | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -236,7 +289,7 @@ class ToolUseBlock(_Frozen):
     type: Literal["tool_use"] = "tool_use"
     id: str
     name: str
-    input: dict[str, Any]
+    input: _ValidJSONObject
 
 
 class ToolResultBlock(_Frozen):
@@ -244,7 +297,7 @@ class ToolResultBlock(_Frozen):
 
     type: Literal["tool_result"] = "tool_result"
     tool_use_id: str
-    content: str
+    content: ValidText
     is_error: bool = False
     attachments: tuple[Attachment, ...] = Field((), exclude_if=lambda value: not value)
 
@@ -450,7 +503,7 @@ class Usage(_Frozen):
 class SystemBlock(_Frozen):
     """One block of the system prompt; ``cache`` puts a cache breakpoint at its end."""
 
-    text: str
+    text: ValidText
     cache: CacheTTL | None = None
 
 
@@ -458,7 +511,7 @@ class ToolDefinition(_Frozen):
     """What the model is told about a tool."""
 
     name: str
-    description: str
+    description: ValidText
     input_schema: dict[str, Any]
     cache: CacheTTL | None = None
 

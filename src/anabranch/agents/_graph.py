@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from anabranch.agents._agent import Agent
+from anabranch.messages import ValidText
 
 __all__ = ["Graph", "Task"]
 
@@ -20,7 +21,7 @@ class Task(BaseModel):
 
     id: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")
     agent: Agent
-    prompt: str = Field(min_length=1)
+    prompt: ValidText = Field(min_length=1)
     depends_on: tuple[str, ...] = ()
 
 

@@ -64,7 +64,8 @@ class ContextPolicy(BaseModel):
 
     @model_validator(mode="after")
     def _reserve_fits(self) -> ContextPolicy:
-        if self.output_reserve >= self.window:
+        # only a reserve the user set can be too large: the default scales (see ``reserve``)
+        if "output_reserve" in self.model_fields_set and self.output_reserve >= self.window:
             raise ValueError(
                 f"output_reserve ({self.output_reserve}) must be smaller than "
                 f"window ({self.window})"

@@ -1,32 +1,70 @@
-"""What every command module shares: the one-line error, ``--db`` and registration."""
+"""What every command module shares: the one-line error, ``--db``, tracing flags and
+registration. Imports only the standard library at module level, so ``--help`` is fast."""
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import pydantic
-
-from anabranch.errors import ApprovalPendingError, UserError
-from anabranch.models._base import Model
-from anabranch.runtime._loader import load_object, split_reference
-from anabranch.runtime._report import SessionSummary
-from anabranch.runtime._runtime import DEFAULT_DB
+if TYPE_CHECKING:
+    from anabranch.errors import ApprovalPendingError
+    from anabranch.models._base import Model
+    from anabranch.runtime._report import SessionSummary
+    from anabranch.store import Store
 
 OFFLINE_MODEL = "OFFLINE_MODEL"
 """A module-level name a definition file may bind to the model ``--offline`` should use."""
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
+DEFAULT_DB = "anabranch.db"
+"""The database when neither ``--db`` nor ``$ANABRANCH_DB`` is given (as the Runtime's)."""
+
 
 class CliError(Exception):
     """A one-line error for the user."""
 
 
+@dataclass
+class Started:
+    """The session a command is driving, once known (for the Ctrl-C message)."""
+
+    session_id: str | None = None
+
+
 def default_db() -> str:
     return os.environ.get("ANABRANCH_DB", DEFAULT_DB)
+
+
+def check_db(db: str) -> None:
+    """Refuse what cannot hold a session (``:memory:``, a URI) before anything happens."""
+    from anabranch.runtime._dbpath import database_path
+    from anabranch.store import is_postgres_url
+
+    if not is_postgres_url(db):
+        database_path(db)
+
+
+@asynccontextmanager
+async def open_store(db: str, *, read_only: bool) -> AsyncIterator[Store]:
+    """The existing database at ``db`` (never created here); ``read_only`` never writes a
+    SQLite file (PostgreSQL is opened as it is: reading it writes nothing)."""
+    from anabranch.store import SQLiteStore, is_postgres_url
+    from anabranch.store import open_store as open_any
+
+    check_db(db)
+    if is_postgres_url(db):
+        store: Store = await open_any(db, create=False)
+    else:
+        store = await SQLiteStore.open(db, create=False, read_only=read_only)
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 def add_command(
@@ -35,12 +73,19 @@ def add_command(
     handler: Handler,
     help_text: str,
 ) -> argparse.ArgumentParser:
-    """Register a sub-command that takes ``--db``; every command module uses this."""
+    """Register a sub-command that takes ``--db`` and ``--debug``; every command module uses
+    this."""
     sub = commands.add_parser(name, help=help_text, description=help_text)
     sub.add_argument(
         "--db",
         default=default_db(),
         help="SQLite file or postgresql:// DSN (default $ANABRANCH_DB or anabranch.db)",
+    )
+    sub.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the traceback of an unexpected error (or set ANABRANCH_DEBUG=1)",
     )
     sub.set_defaults(handler=handler)
     return sub
@@ -51,6 +96,10 @@ def offline_model(args: argparse.Namespace, source: str | None = None) -> Model 
     plain ``TestModel``."""
     if not getattr(args, "offline", False):
         return None
+    from anabranch.errors import UserError
+    from anabranch.models._base import Model
+    from anabranch.runtime._loader import load_object, split_reference
+
     if source:
         path, _ = split_reference(source)
         try:
@@ -96,6 +145,8 @@ def approval_hint(pending: ApprovalPendingError, db: str) -> str:
 
 def output_text(output: object) -> str:
     """A run's answer as printed: a structured answer as indented JSON."""
+    import pydantic
+
     if isinstance(output, pydantic.BaseModel):
         return output.model_dump_json(indent=2)
     return str(output)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from types import SimpleNamespace
 from typing import Any
 
-from anabranch.cli._common import CliError, add_command
+from anabranch.cli._common import CliError, add_command, open_store
 from anabranch.context._digest import handle_ranges
 from anabranch.errors import SessionNotFoundError
 from anabranch.runtime._history import boundary_extra
@@ -66,17 +67,14 @@ def _tokens(before: int | None, after: int | None) -> str:
 
 
 async def cmd_compactions(args: argparse.Namespace) -> int:
-    rt = Runtime(db=args.db)
-    await rt.open(create=False)
-    try:
+    async with open_store(args.db, read_only=True) as store:  # never migrates or writes
+        rt = SimpleNamespace(store=store)
         session = await rt.store.get_session(args.session_id)
         if session is None:
             raise SessionNotFoundError(args.session_id)
         runs = {r.id: r for r in await rt.store.list_runs(session.id)}
         boundaries = await rt.store.list_boundaries(session_id=session.id)
         views = await compaction_views(rt.store, session.id) if args.json else []
-    finally:
-        await rt.aclose()
     if args.json:
         print(json.dumps([v.model_dump(mode="json") for v in views], indent=2))
         return 0
@@ -116,6 +114,7 @@ async def cmd_rewind(args: argparse.Namespace) -> int:
             record = await rt.rewind(args.session_id, args.run_id, args.boundary_id)
         except ValueError as exc:  # pragma: no cover - argparse already checks the int
             raise CliError(str(exc)) from exc
+        run = await rt.store.get_run(args.run_id)
     finally:
         await rt.aclose()
     print(
@@ -123,7 +122,15 @@ async def cmd_rewind(args: argparse.Namespace) -> int:
         f"{record.messages_before} → {record.messages_after} messages "
         f"(~{record.tokens_before} → ~{record.tokens_after} tokens); new boundary #{record.id}"
     )
-    print(f"continue from there with: anabranch resume {args.session_id}")
+    if run is not None and run.status != "running":
+        # resume never reopens a finished run: it would return the stored result
+        print(
+            f"run {args.run_id} had already {run.status}: the rewound context is kept as "
+            f"boundary #{record.id} (anabranch compactions {args.session_id}), but resume "
+            "returns the finished result and runs nothing"
+        )
+    else:
+        print(f"continue from there with: anabranch resume {args.session_id}")
     return 0
 
 

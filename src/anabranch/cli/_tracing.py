@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from anabranch.errors import UserError
-from anabranch.traces.configure import (
-    PhoenixEndpoint,
-    TraceSettings,
-    TraceSetup,
-    configure,
-    phoenix_from_env,
-)
-from anabranch.ui._phoenix import running_phoenix
+
+if TYPE_CHECKING:  # the OpenTelemetry SDK is imported only by a command that traces
+    from anabranch.traces.configure import PhoenixEndpoint, TraceSetup
 
 __all__ = ["add_trace_arguments", "configure_from_args", "find_phoenix"]
 
@@ -25,6 +21,9 @@ def find_phoenix() -> PhoenixEndpoint:
     Raises:
         UserError: neither is there.
     """
+    from anabranch.traces.configure import PhoenixEndpoint, phoenix_from_env
+    from anabranch.ui._phoenix import running_phoenix
+
     endpoint = phoenix_from_env()
     if endpoint is not None:
         return endpoint
@@ -64,6 +63,8 @@ def configure_from_args(args: argparse.Namespace) -> TraceSetup | None:
     """The setup for a parsed command line; None for commands without tracing flags."""
     if not hasattr(args, "trace_file"):
         return None
+    from anabranch.traces.configure import TraceSettings, configure
+
     return configure(
         TraceSettings(
             otlp=args.otlp,

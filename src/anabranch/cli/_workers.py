@@ -10,18 +10,20 @@ import argparse
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from anabranch.agents import Agent, Graph
 from anabranch.cli._common import OFFLINE_MODEL, CliError, add_command
 from anabranch.errors import UserError
 from anabranch.runtime._loader import load_module, split_reference
-from anabranch.runtime._runtime import Runtime
 from anabranch.store import describe_db, is_postgres_url
 
 __all__ = ["register"]
+
+
+if TYPE_CHECKING:
+    from anabranch.agents import Agent, Graph
 
 
 def _require_postgres(db: str, command: str) -> None:
@@ -34,6 +36,8 @@ def _require_postgres(db: str, command: str) -> None:
 
 def _definitions(files: list[str]) -> tuple[list[Agent], list[Graph]]:
     """Every Agent and Graph bound at module level in ``files``, by unique name."""
+    from anabranch.agents import Agent, Graph
+
     agents: dict[str, Agent] = {}
     graphs: dict[str, Graph] = {}
     for file in files:
@@ -77,6 +81,8 @@ def _rate(text: str | None) -> tuple[int, float] | None:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
+    from anabranch.runtime._runtime import Runtime
+
     _require_postgres(args.db, "worker")
     from anabranch.runtime._worker import WorkerOptions, serve
 
@@ -123,7 +129,10 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
+    from anabranch.runtime._runtime import Runtime
+
     _require_postgres(args.db, "submit")
+    from anabranch.agents import Agent
     from anabranch.runtime._loader import load_object
 
     path, name = split_reference(args.target)
@@ -139,6 +148,8 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 
 
 async def cmd_wait(args: argparse.Namespace) -> int:
+    from anabranch.runtime._runtime import Runtime
+
     if args.timeout is not None and args.timeout <= 0:
         raise CliError(f"--timeout must be positive, got {args.timeout:g}")
     rt = Runtime(db=args.db)

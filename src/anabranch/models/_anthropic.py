@@ -85,6 +85,11 @@ class AnthropicModel:
         )
         self.provider: Provider = provider_of(self._client)
         self._gateway = GatewayNotice(self.channel)
+        if client is None and self.provider == "anthropic" and not _has_credentials(self._client):
+            raise UserError(
+                "no Anthropic credentials: set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN, or "
+                "an Anthropic profile), pass api_key=..., or run offline (--offline)"
+            )
 
     @property
     def base_url(self) -> str:
@@ -143,6 +148,15 @@ class AnthropicModel:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _has_credentials(client: AnyClient) -> bool:
+    """Whether the first-party SDK client found a key, a token or a credential provider
+    (else every request fails with the SDK's ``TypeError`` about authentication headers).
+    Cloud clients resolve their own credentials (AWS, Google) and are not checked here."""
+    return any(
+        getattr(client, name, None) is not None for name in ("api_key", "auth_token", "credentials")
+    )
 
 
 def _cache_control(ttl: CacheTTL) -> dict[str, str]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from anabranch.agents import Agent
-from anabranch.messages import Document, Image, ToolDefinition, ToolUseBlock
+from anabranch.messages import Document, Image, ToolDefinition, ToolUseBlock, valid_text
 from anabranch.runtime._view import RunView
 
 __all__ = ["BuiltinTool", "ToolOutcome"]
@@ -20,6 +20,10 @@ class ToolOutcome:
     is_error: bool = False
     attachments: tuple[Image | Document, ...] = ()
     """Images and documents the tool returned, after its text."""
+
+    def __post_init__(self) -> None:
+        # whatever a tool hands back (a file name from os.listdir, say) is stored and sent
+        object.__setattr__(self, "content", valid_text(self.content))
 
 
 class BuiltinTool(Protocol):

@@ -25,7 +25,7 @@ from anabranch.runtime._children import (
     settle_subtree,
 )
 from anabranch.runtime._environment import Environment
-from anabranch.runtime._loader import load_object
+from anabranch.runtime._loader import load_recorded, recorded_digest
 from anabranch.runtime._results import GraphResult, TaskResult, build_result
 from anabranch.runtime._run_limits import parse_stop
 from anabranch.runtime._session import SessionDriver, SessionEnd
@@ -81,7 +81,9 @@ def resolve_graph(
     if registered is not None:
         return registered
     if session.source:
-        loaded = load_object(session.source)
+        loaded = load_recorded(
+            session.source, recorded_digest(session.definition), f"session {session.id}"
+        )
         if isinstance(loaded, Graph) and loaded.name == session.entry:
             register(loaded)
             return loaded

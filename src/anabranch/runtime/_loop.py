@@ -201,6 +201,7 @@ class AgentRun(ToolCalls):
         else:
             run.system, run.tools = snapshot_blocks(snapshot)
             run.snapshot_version = snapshot.version
+            await run._offer_current_tools()
         boundary = await store.latest_boundary(record.id)
         if boundary is None:
             records = await store.load_messages(record.id)
@@ -263,6 +264,18 @@ class AgentRun(ToolCalls):
     def build_prompt(self) -> tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]:
         """Assemble the system blocks and tool list for this agent (deterministic)."""
         return build_prompt(self.agent, self.record, self.env.builtins)
+
+    async def _offer_current_tools(self) -> None:
+        """After the definition's tools changed (one removed, added or redescribed), offer
+        what it has now: a new snapshot (reason ``definition_changed``; the system blocks
+        stay byte for byte), so the tool list sent and the ``Unknown tool`` message agree,
+        and the next call's lost cache is recorded as ``tools_changed``. A fork keeps its
+        parent's tools."""
+        if self.record.mode == "fork":
+            return
+        _, current = self.build_prompt()
+        if tools_digest(current) != tools_digest(self.tools):
+            await self.save_snapshot(self.system, current, reason="definition_changed")
 
     async def rebuild_snapshot(self, reason: str) -> bool:
         """Build the prompt again; store it as a new snapshot only if it changed."""

@@ -46,6 +46,7 @@ class Runtime(Protocol):
         source: str | None,
         outline: dict[str, Any],
         on_session: Callable[[str], None] | None,
+        drive: bool = True,
     ) -> str: ...
 
     async def resume(self, session_id: str, agent: Agent | None = None) -> RunResult: ...
@@ -82,6 +83,7 @@ async def submit(
         source=source,
         outline=outline,
         on_session=None,
+        drive=False,  # a worker drives it, with its own model client
     )
     if rt._submitter is None:
         rt._submitter = Submitter(dsn)

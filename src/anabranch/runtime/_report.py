@@ -18,6 +18,7 @@ __all__ = [
     "SessionSummary",
     "Totals",
     "list_sessions",
+    "session_status",
     "session_tree",
     "summarizer_usage",
     "total_usage",
@@ -102,7 +103,9 @@ def total_usage(calls: Sequence[CallRecord], boundaries: Sequence[BoundaryRecord
     return total
 
 
-async def _status(store: Store, session: SessionRecord) -> str:
+async def session_status(store: Store, session: SessionRecord) -> str:
+    """``done``/``failed`` once finished for good, ``running`` while a live process holds its
+    lease, else ``interrupted`` (resumable). ``sessions`` and ``show`` both print this."""
     if session.status in ("done", "failed") and session.finished is not None:
         runs = await store.list_runs(session.id)
         roots = [r for r in runs if r.parent_run_id is None]
@@ -110,8 +113,8 @@ async def _status(store: Store, session: SessionRecord) -> str:
             return session.status
     if await store.lease_holder(session.id):
         return "running"
-    if session.status == "waiting":
-        return "waiting"
+    if session.status in ("waiting", "incomplete"):
+        return session.status  # paused for an approval, or stopped by a limit
     return "interrupted"
 
 
@@ -125,7 +128,7 @@ async def list_sessions(store: Store, limit: int = 50) -> list[SessionSummary]:
         summaries.append(
             SessionSummary(
                 session=session,
-                status=await _status(store, session),
+                status=await session_status(store, session),
                 agents=len(runs),
                 usage=total_usage(calls, boundaries),
             )

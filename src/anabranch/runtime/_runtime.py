@@ -9,7 +9,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.abc
@@ -21,8 +21,7 @@ from anabranch.errors import (
     SessionNotFoundError,
     UserError,
 )
-from anabranch.messages import Document, Image, Usage
-from anabranch.models._anthropic import AnthropicModel
+from anabranch.messages import Document, Image, Usage, valid_text
 from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime import _queued
@@ -37,6 +36,7 @@ from anabranch.runtime._budgets import (
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.runtime._compactor import CompactingPipeline, CompactionOutcome
 from anabranch.runtime._conversation import check_message, finished_root, stream_session
+from anabranch.runtime._dbpath import database_path
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._event_stream import EventStream
 from anabranch.runtime._events import EventBus, EventCallback
@@ -47,7 +47,7 @@ from anabranch.runtime._graph import (
     resolve_graph,
     resume_graph,
 )
-from anabranch.runtime._loader import load_object
+from anabranch.runtime._loader import DIGEST_KEY, load_recorded, recorded_digest, source_digest
 from anabranch.runtime._loop import AgentRun, new_id
 from anabranch.runtime._memory import ForgetTool, LogTool, RememberTool, memory_session_start
 from anabranch.runtime._pipeline import ContextPipeline
@@ -64,9 +64,20 @@ from anabranch.runtime._run_limits import SessionLimits, continue_notice, parse_
 from anabranch.runtime._session import SessionDriver, SessionEnd
 from anabranch.runtime._spawn import SpawnLimits, SpawnTool
 from anabranch.runtime._task_input import task_message, task_text
-from anabranch.store import BoundaryRecord, RunRecord, SessionRecord, Store, describe_db, open_store
+from anabranch.store import (
+    BoundaryRecord,
+    RunRecord,
+    SessionRecord,
+    Store,
+    describe_db,
+    is_postgres_url,
+    open_store,
+)
 from anabranch.store.sqlite import Synchronous
 from anabranch.traces import Tracing
+
+if TYPE_CHECKING:  # the anthropic SDK is imported when the default model is first needed
+    from anabranch.models._anthropic import AnthropicModel
 
 __all__ = ["Runtime", "default_builtins", "default_pipeline"]
 
@@ -83,6 +94,15 @@ def default_builtins() -> tuple[BuiltinTool, ...]:
 def default_pipeline() -> ContextPipeline[AgentRun]:
     """The context pipeline used when none is given: budgets, clearing, compaction."""
     return CompactingPipeline()
+
+
+MODEL_CLIENT_KEY = "model_client"
+"""The key of the model client's class in a session's definition outline (``show`` tells a
+test model's figures from priced ones)."""
+
+
+def _client_name(model: Model) -> str:
+    return f"{type(model).__module__}.{type(model).__qualname__}"
 
 
 def agent_outline(agent: Agent) -> dict[str, Any]:
@@ -145,6 +165,8 @@ class Runtime:
     ) -> None:
         chosen = db if db is not None else os.environ.get("ANABRANCH_DB", DEFAULT_DB)
         self._db = os.fspath(chosen)
+        if not is_postgres_url(self._db):
+            database_path(self._db)  # no :memory:, URI or /dev/null: a session must last
         self.db = describe_db(self._db)
         """The database as it may be shown: a file path, or a DSN without its password."""
         self._model = model
@@ -170,6 +192,9 @@ class Runtime:
         self.on_event = on_event
         self._created_model: AnthropicModel | None = None
         self._submitter: Any = None
+        self.session_notes: dict[str, Any] = {}
+        """Extra JSON recorded in the outline of each session this runtime opens (the CLI
+        records its ``--model`` / ``--max-turns`` overrides there, for ``resume``)."""
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Runtime:
@@ -214,6 +239,8 @@ class Runtime:
     @property
     def model(self) -> Model:
         if self._model is None:
+            from anabranch.models._anthropic import AnthropicModel
+
             self._model = self._created_model = AnthropicModel()
         return self._model
 
@@ -275,8 +302,18 @@ class Runtime:
         source: str | None,
         outline: dict[str, Any],
         on_session: Callable[[str], None] | None,
+        drive: bool = True,
     ) -> str:
-        """Commit a new session and announce its id (before anything runs in it)."""
+        """Commit a new session and announce its id (before anything runs in it).
+
+        ``drive``: this process runs it, so its model client is created first (missing
+        credentials fail before a session exists). A session queued for workers is not.
+        """
+        client = _client_name(self.model) if drive or self._model is not None else None
+        outline = {**self.session_notes, **outline, MODEL_CLIENT_KEY: client}
+        if source is not None:
+            # resume runs this file again only while it is byte for byte the same
+            outline[DIGEST_KEY] = source_digest(source)
         session_id = new_id("ses")
         await self.store.create_session(
             SessionRecord(
@@ -323,7 +360,7 @@ class Runtime:
         if not isinstance(agent, Agent):
             raise UserError(f"run() needs an Agent, got {type(agent).__name__}")
         first = task_message(task)
-        text = task if isinstance(task, str) else task_text(first)
+        text = valid_text(task) if isinstance(task, str) else task_text(first)
         await self._check_limits(repr(agent.name), budget, tenant)
         self.register(agent)
         session_id = await self.open_session(
@@ -560,7 +597,9 @@ class Runtime:
         if session.entry in self._agents:
             return self._agents[session.entry]
         if session.source:
-            loaded = load_object(session.source)
+            loaded = load_recorded(
+                session.source, recorded_digest(session.definition), f"session {session.id}"
+            )
             if isinstance(loaded, Agent) and loaded.name == session.entry:
                 self.register(loaded)
                 return loaded

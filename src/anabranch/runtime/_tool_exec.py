@@ -1,18 +1,33 @@
-"""Running user tools: validate, inject ``ToolContext``, enforce timeouts, never crash."""
+"""Running user tools: validate, inject ``ToolContext``, enforce timeouts, never crash.
+
+Whatever a tool raises is that tool's failure, an ``is_error`` result the model sees: any
+``Exception``, and also ``KeyboardInterrupt``, ``SystemExit``, ``GeneratorExit``, a
+``CancelledError`` the tool raised itself (a cancelled inner task) and any other
+``BaseException``. The one exception is a cancellation *of the run* (a user's Ctrl-C, a
+cancelled scope around the run, a timeout of the run): it propagates and leaves the session
+resumable. A sync tool runs in a daemon thread; one that outlives its timeout is abandoned
+and never keeps the process alive.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
 import logging
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 import pydantic
 from pydantic_core import to_json
 
 from anabranch.agents import Tool, ToolContext
-from anabranch.messages import Document, Image, ToolUseBlock
+from anabranch.messages import Document, Image, ToolUseBlock, valid_json
 from anabranch.runtime._builtins import ToolOutcome
 
 __all__ = ["render_outcome", "render_output", "run_user_tool"]
@@ -26,7 +41,7 @@ def render_output(value: Any) -> str:
         return value
     if value is None:
         return ""
-    return to_json(value, fallback=str).decode()
+    return to_json(valid_json(value), fallback=str).decode()
 
 
 def render_outcome(value: Any) -> ToolOutcome:
@@ -80,15 +95,77 @@ async def run_user_tool(
             if tool.is_async:
                 value = await tool.function(**kwargs)
             else:
-                value = await anyio.to_thread.run_sync(
-                    functools.partial(tool.function, **kwargs), abandon_on_cancel=True
-                )
+                value = await run_in_daemon_thread(functools.partial(tool.function, **kwargs))
     except TimeoutError:
         return ToolOutcome(f"Tool {tool.name!r} timed out after {timeout} seconds.", is_error=True)
+    except anyio.get_cancelled_exc_class() as exc:
+        if await _run_is_cancelled():
+            raise
+        return _failure(tool, exc, "raised by the tool, not a cancellation of the run")
     except Exception as exc:
-        _log.info("tool %s raised %r", tool.name, exc)
-        return ToolOutcome(f"Tool {tool.name!r} failed: {type(exc).__name__}: {exc}", True)
+        return _failure(tool, exc)
+    except BaseException as exc:  # KeyboardInterrupt, SystemExit, GeneratorExit, custom ones
+        return _failure(tool, exc, "raised by the tool")
     try:
         return render_outcome(value)
     except Exception as exc:
         return ToolOutcome(f"Tool {tool.name!r} returned an unserializable value: {exc}", True)
+
+
+def _failure(tool: Tool, exc: BaseException, note: str = "") -> ToolOutcome:
+    _log.info("tool %s raised %r", tool.name, exc)
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    suffix = f" ({note})" if note else ""
+    return ToolOutcome(f"Tool {tool.name!r} failed: {detail}{suffix}", is_error=True)
+
+
+async def _run_is_cancelled() -> bool:
+    """Whether the caller itself is being cancelled (rather than a tool raising the class).
+
+    anyio's cancellation is level-triggered: a checkpoint in a cancelled scope raises again.
+    A plain ``task.cancel()`` on asyncio (``asyncio.run`` on Ctrl-C) shows as a pending
+    cancellation request on the task instead.
+    """
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not on asyncio
+        task = None
+    if task is not None and task.cancelling():
+        return True
+    try:
+        await anyio.lowlevel.checkpoint()
+    except anyio.get_cancelled_exc_class():
+        return True
+    return False
+
+
+async def run_in_daemon_thread(function: Callable[[], Any]) -> Any:
+    """Call ``function`` in a new daemon thread and wait for it (cancellable).
+
+    anyio's worker threads are not daemons, so a sync tool still blocked after its timeout
+    would keep the interpreter from exiting. This thread is abandoned on cancellation and
+    dies with the process. Threads count against anyio's default thread limiter while
+    awaited, as ``anyio.to_thread.run_sync`` does.
+    """
+    done = anyio.Event()
+    result: list[tuple[bool, Any]] = []
+    token = anyio.lowlevel.current_token()
+    context = contextvars.copy_context()
+
+    def work() -> None:
+        try:
+            result.append((True, context.run(function)))
+        except BaseException as exc:  # handed to the awaiting task
+            result.append((False, exc))
+        try:
+            anyio.from_thread.run_sync(done.set, token=token)
+        except Exception:  # the event loop is gone: the call was abandoned
+            pass
+
+    async with anyio.to_thread.current_default_thread_limiter():
+        threading.Thread(target=work, name="anabranch sync tool", daemon=True).start()
+        await done.wait()
+    ok, value = result[0]
+    if ok:
+        return value
+    raise value

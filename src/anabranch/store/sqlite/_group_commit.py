@@ -32,6 +32,7 @@ import anyio
 import anyio.to_thread
 
 from anabranch.errors import StoreError
+from anabranch.store.sqlite._open import DEFAULT_LOCK_TIMEOUT, describe_sqlite_error
 
 __all__ = ["GroupCommitConnection"]
 
@@ -50,8 +51,8 @@ class _Write:
     """Made when the write has to wait; set when it is committed or should lead next."""
 
 
-def _store_error(exc: sqlite3.Error) -> StoreError:
-    error = StoreError(f"the store failed: {type(exc).__name__}: {exc}")
+def _store_error(exc: sqlite3.Error, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> StoreError:
+    error = StoreError(f"the store failed: {describe_sqlite_error(exc, lock_timeout)}")
     error.__cause__ = exc
     return error
 
@@ -86,8 +87,15 @@ def _commit_batch(conn: sqlite3.Connection, batch: list[_Write]) -> None:
 class GroupCommitConnection:
     """Reads and group-committed writes over one open SQLite connection."""
 
-    def __init__(self, conn: sqlite3.Connection, limiter: anyio.CapacityLimiter) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        limiter: anyio.CapacityLimiter,
+        *,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    ) -> None:
         self._conn = conn
+        self._lock_timeout = lock_timeout
         self._limiter = limiter
         """Held by whoever uses the connection (a task, for the length of its statement)."""
         self._thread = anyio.CapacityLimiter(1)
@@ -109,7 +117,7 @@ class GroupCommitConnection:
             try:
                 return await anyio.to_thread.run_sync(fn, self._conn, limiter=self._thread)
             except sqlite3.Error as exc:
-                raise _store_error(exc) from exc
+                raise _store_error(exc, self._lock_timeout) from exc
 
     async def lookup(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """A point read through an index (a few rows, well under a millisecond): run on the
@@ -118,7 +126,7 @@ class GroupCommitConnection:
             try:
                 return fn(self._conn)
             except sqlite3.Error as exc:
-                raise _store_error(exc) from exc
+                raise _store_error(exc, self._lock_timeout) from exc
 
     async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Commit ``fn``'s statements atomically (possibly together with other writes).
@@ -138,7 +146,7 @@ class GroupCommitConnection:
                 await self._commit_queue()
         if write.error is not None:
             if isinstance(write.error, sqlite3.Error):
-                raise _store_error(write.error) from write.error
+                raise _store_error(write.error, self._lock_timeout) from write.error
             raise write.error
         result: T = write.result
         return result

@@ -7,8 +7,10 @@ a session's or run's status is the latest row of ``session_events`` / ``run_ends
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import sqlite_utils
+if TYPE_CHECKING:  # imported by the caller of ``migrate``: the module is slow to import
+    import sqlite_utils
 
 __all__ = ["APP_ID", "SCHEMA_VERSION", "migrate"]
 

@@ -32,7 +32,12 @@ from anabranch.store.sqlite._budgets import SQLiteBudgets
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._history import SQLiteHistory
 from anabranch.store.sqlite._limits import SQLiteContextLimits
-from anabranch.store.sqlite._open import Synchronous, open_connection
+from anabranch.store.sqlite._open import (
+    Synchronous,
+    lock_timeout_from_env,
+    open_connection,
+    open_read_only,
+)
 from anabranch.store.sqlite._rows import (
     RUN_SQL,
     SESSION_SQL,
@@ -45,6 +50,18 @@ from anabranch.store.sqlite._rows import (
 __all__ = ["SQLiteStore", "Synchronous"]
 
 
+def _live_owner(rows: Sequence[tuple[Any, ...]]) -> str | None:
+    """The owner of a lease row that is still held (not expired, owner not dead here)."""
+    if not rows:
+        return None
+    owner, host, pid, expires = rows[0]
+    if expires <= time.time():
+        return None
+    if host == socket.gethostname() and not pid_alive(pid):
+        return None
+    return str(owner)
+
+
 class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
     """Async store over one SQLite file. Open with ``await SQLiteStore.open(path)``."""
 
@@ -54,9 +71,22 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
 
     @classmethod
     async def open(
-        cls, path: str | os.PathLike[str], *, create: bool = True, synchronous: Synchronous = "FULL"
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        synchronous: Synchronous = "FULL",
+        read_only: bool = False,
+        lock_timeout: float | None = None,
     ) -> SQLiteStore:
         """Open (and with ``create``, create or migrate) an anabranch database.
+
+        Args:
+            read_only: never write the file (no mode change, WAL switch or migration); any
+                write through this store fails. For inspecting a database, even one you
+                cannot write or one an older anabranch still uses.
+            lock_timeout: seconds to wait for another process's write lock before a
+                ``StoreError`` says so (default ``$ANABRANCH_LOCK_TIMEOUT`` or 30).
 
         Raises:
             DatabaseError: no file (and ``create`` is false), not an anabranch database,
@@ -64,10 +94,14 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
         """
         limiter = anyio.CapacityLimiter(1)
         db_path = Path(os.fspath(path))
-        conn = await anyio.to_thread.run_sync(
-            open_connection, db_path, create, synchronous, limiter=limiter
-        )
-        return cls(db_path, GroupCommitConnection(conn, limiter))
+        timeout = lock_timeout if lock_timeout is not None else lock_timeout_from_env()
+        if read_only:
+            conn = await anyio.to_thread.run_sync(open_read_only, db_path, limiter=limiter)
+        else:
+            conn = await anyio.to_thread.run_sync(
+                open_connection, db_path, create, synchronous, timeout, limiter=limiter
+            )
+        return cls(db_path, GroupCommitConnection(conn, limiter, lock_timeout=timeout))
 
     async def close(self) -> None:
         await self._sql.close()
@@ -131,6 +165,66 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
         )
         return [SessionRecord(**row) for row in rows]
 
+    async def delete_session(self, session_id: str) -> bool:
+        """Remove a session and everything recorded under it, search index included, in
+        one transaction. The one deliberate exception to insert-only: for ``anabranch
+        delete`` / ``prune``. False if there was no such session.
+
+        Raises:
+            SessionBusyError: a live process holds the session's lease.
+        """
+
+        def write(conn: sqlite3.Connection) -> bool:
+            found = conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if found is None:
+                return False
+            holder = _live_owner(
+                conn.execute(
+                    "SELECT owner, host, pid, expires FROM leases WHERE session_id = ?",
+                    (session_id,),
+                ).fetchall()
+            )
+            if holder is not None:  # checked under the write lock: no one takes it meanwhile
+                raise SessionBusyError(session_id, holder)
+            runs = "SELECT id FROM runs WHERE session_id = ?"
+            args = (session_id,)
+            # external-content FTS5 tables forget a row only when told its old values
+            conn.execute(
+                "INSERT INTO history_fts(history_fts, rowid, body, run_id, source, ref) "
+                "SELECT 'delete', id, body, run_id, source, ref FROM history_messages "
+                f"WHERE run_id IN ({runs})",
+                args,
+            )
+            conn.execute(
+                "INSERT INTO history_spill_fts(history_spill_fts, rowid, body, run_id, source, "
+                "ref) SELECT 'delete', id, body, run_id, source, ref FROM history_spills "
+                f"WHERE run_id IN ({runs})",
+                args,
+            )
+            conn.execute(
+                "DELETE FROM call_outcomes WHERE call_id IN "
+                f"(SELECT id FROM calls WHERE run_id IN ({runs}))",
+                args,
+            )
+            for table in (
+                "messages",
+                "calls",
+                "run_ends",
+                "snapshots",
+                "boundaries",
+                "spills",
+                "tool_events",
+                "cache_breaks",
+            ):
+                conn.execute(f"DELETE FROM {table} WHERE run_id IN ({runs})", args)
+            for table in ("run_spans", "session_events", "leases", "runs"):
+                conn.execute(f"DELETE FROM {table} WHERE session_id = ?", args)
+            conn.execute("DELETE FROM sessions WHERE id = ?", args)
+            return True
+
+        deleted: bool = await self._sql.write(write)
+        return deleted
+
     # ----------------------------------------------------------------- leases
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
         """Take the session's lease, or raise ``SessionBusyError`` if a live owner has it."""
@@ -183,14 +277,7 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
                 (session_id,),
             ).fetchall()
         )
-        if not rows:
-            return None
-        owner, host, pid, expires = rows[0]
-        if expires <= time.time():
-            return None
-        if host == socket.gethostname() and not pid_alive(pid):
-            return None
-        return str(owner)
+        return _live_owner(rows)
 
     # ----------------------------------------------------------------- runs
     async def create_run(
