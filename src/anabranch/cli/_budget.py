@@ -6,14 +6,12 @@ import argparse
 import json
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pydantic
-
-from anabranch.agents import Budget
-from anabranch.runtime._report import RunNode, Totals
-from anabranch.runtime._run_limits import parse_stop, period_start, usage_tokens
-from anabranch.store import SessionRecord, Store
+if TYPE_CHECKING:  # the engine is imported when it is needed (a fast ``--help``)
+    from anabranch.agents import Budget
+    from anabranch.runtime._report import RunNode, Totals
+    from anabranch.store import SessionRecord, Store
 
 __all__ = ["add_budget_arguments", "budget_lines", "parse_budget", "stop_label"]
 
@@ -27,6 +25,10 @@ _HELP = (
 
 def parse_budget(spec: str) -> Budget:
     """``--budget`` text as a ``Budget``: ``2M``, ``$5``, ``tokens=150k,usd=2.5``."""
+    import pydantic
+
+    from anabranch.agents import Budget
+
     fields: dict[str, Any] = {}
     for part in (p.strip() for p in spec.split(",")):
         key, _, value = part.partition("=") if "=" in part else ("", "", part)
@@ -59,6 +61,8 @@ def add_budget_arguments(parser: argparse.ArgumentParser, *, tenant: bool) -> No
 
 def stop_label(status: str, error: str | None) -> str:
     """``[incomplete: stopped by its turn limit (max_turns=8)]`` for a stopped run."""
+    from anabranch.runtime._run_limits import parse_stop
+
     if status != "incomplete":
         return f"[{status}]"
     _, why = parse_stop(error)
@@ -67,6 +71,8 @@ def stop_label(status: str, error: str | None) -> str:
 
 def _agent_budgets(outline: dict[str, Any]) -> Iterator[tuple[str, Budget]]:
     """Agent names and budgets in a session's definition outline (agents or graph tasks)."""
+    from anabranch.agents import Budget
+
     stack = [outline, *outline.get("tasks", [])]
     while stack:
         node = stack.pop()
@@ -90,6 +96,8 @@ def _spent(tokens: int, cost: float, budget: Budget) -> str:
 
 
 def _subtree(node: RunNode) -> tuple[int, float]:
+    from anabranch.runtime._run_limits import usage_tokens
+
     tokens, cost = usage_tokens(node.usage), node.cost.total
     for child in node.children:
         more = _subtree(child)
@@ -101,6 +109,9 @@ async def budget_lines(
     store: Store, session: SessionRecord, roots: list[RunNode], totals: Totals
 ) -> list[str]:
     """Spend against every budget of the session: its own, its tenant's, its agents'."""
+    from anabranch.agents import Budget
+    from anabranch.runtime._run_limits import period_start, usage_tokens
+
     lines = []
     record = await store.session_budget(session.id)
     if record is not None and record.budget is not None:

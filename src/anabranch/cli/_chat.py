@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from anabranch.agents import Agent
 from anabranch.cli._common import CliError, add_command, offline_model, output_text
-from anabranch.cli._progress import ProgressLines
-from anabranch.context._pricing import PriceTable
-from anabranch.runtime._loader import load_object, split_reference
-from anabranch.runtime._report import session_tree, tree_totals
-from anabranch.runtime._runtime import Runtime
-from anabranch.runtime._session_view import ContextGauge, context_gauge
+
+if TYPE_CHECKING:  # the engine is imported when the command runs (a fast ``--help``)
+    from anabranch.agents import Agent
+    from anabranch.runtime._runtime import Runtime
+    from anabranch.runtime._session_view import ContextGauge
 
 __all__ = ["register"]
 
@@ -82,6 +80,8 @@ class Chat:
         return output_text(result.raise_for_status().output)
 
     async def gauge(self) -> ContextGauge | None:
+        from anabranch.runtime._session_view import context_gauge
+
         if self.session_id is None:
             return None
         return await context_gauge(self.rt.store, self.session_id, self.agent)
@@ -119,6 +119,9 @@ class Chat:
                     file=self.out,
                 )
         elif name == "/cost":
+            from anabranch.context._pricing import PriceTable
+            from anabranch.runtime._report import session_tree, tree_totals
+
             roots = await session_tree(self.rt.store, self.session_id, PriceTable())
             totals = tree_totals(roots)
             usage = totals.usage
@@ -143,6 +146,11 @@ async def _read_line(prompt: str) -> str | None:
 
 
 async def cmd_chat(args: argparse.Namespace) -> int:
+    from anabranch.agents import Agent
+    from anabranch.cli._progress import ProgressLines
+    from anabranch.runtime._loader import load_object, split_reference
+    from anabranch.runtime._runtime import Runtime
+
     obj = load_object(args.target)
     if not isinstance(obj, Agent):
         raise CliError(f"{args.target} is a {type(obj).__name__}, not an Agent")

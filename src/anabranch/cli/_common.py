@@ -150,3 +150,14 @@ def output_text(output: object) -> str:
     if isinstance(output, pydantic.BaseModel):
         return output.model_dump_json(indent=2)
     return str(output)
+
+
+def add_progress_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress on stderr (only the answer)"
+    )
+    parser.add_argument(
+        "--events",
+        action="store_true",
+        help="print every event as one JSON line on stdout (instead of the answer)",
+    )

@@ -5,20 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anabranch.cli._common import CliError, add_command, open_store
-from anabranch.context._digest import handle_ranges
 from anabranch.errors import SessionNotFoundError
-from anabranch.runtime._history import boundary_extra
-from anabranch.runtime._runtime import Runtime
-from anabranch.runtime._views import compaction_views
-from anabranch.store import BoundaryRecord
+
+if TYPE_CHECKING:  # the engine is imported when the command runs (a fast ``--help``)
+    from anabranch.store import BoundaryRecord
 
 __all__ = ["register"]
 
 
 def _outcome(boundary: BoundaryRecord) -> str:
+    from anabranch.runtime._history import boundary_extra
+
     extra = boundary_extra(boundary)
     if boundary.kind == "breaker":
         return f"breaker open ({extra.get('failures')} failures; policy {extra.get('policy')})"
@@ -32,6 +32,8 @@ def _outcome(boundary: BoundaryRecord) -> str:
 
 def _manifest_lines(boundary: BoundaryRecord, full: bool) -> list[str]:
     """The loss manifest of an ``ok`` compaction, as indented lines (see context.digest)."""
+    from anabranch.context._digest import handle_ranges
+
     extra: dict[str, Any] = json.loads(boundary.extra) if boundary.extra else {}
     found = extra.get("manifest")
     if boundary.kind != "compaction" or boundary.status != "ok" or not isinstance(found, dict):
@@ -67,6 +69,8 @@ def _tokens(before: int | None, after: int | None) -> str:
 
 
 async def cmd_compactions(args: argparse.Namespace) -> int:
+    from anabranch.runtime._views import compaction_views
+
     async with open_store(args.db, read_only=True) as store:  # never migrates or writes
         rt = SimpleNamespace(store=store)
         session = await rt.store.get_session(args.session_id)
@@ -105,6 +109,8 @@ async def cmd_compactions(args: argparse.Namespace) -> int:
 
 
 async def cmd_rewind(args: argparse.Namespace) -> int:
+    from anabranch.runtime._runtime import Runtime
+
     rt = Runtime(db=args.db)
     await rt.open(create=False)
     try:

@@ -100,11 +100,9 @@ def _context_plot(run: RunView) -> str:
     parts = [
         f"<svg class=context-plot data-run='{escape(run.id)}' width={WIDTH} height={HEIGHT} "
         f"viewBox='0 0 {WIDTH} {HEIGHT}' xmlns='http://www.w3.org/2000/svg'>",
-        f"<text x={PAD} y=14>{escape(run.agent)} {escape(run.id)}: context tokens per call"
-        "</text>",
+        f"<text x={PAD} y=14>{escape(run.agent)} {escape(run.id)}: context tokens per call</text>",
         f"<line x1={PAD} y1={bottom} x2={right} y2={bottom} stroke='#adb5bd'/>",
-        f"<text x=4 y={bottom}>0</text>"
-        f"<text x=4 y={y(top / 1.05) + 4:.1f}>{_k(top / 1.05)}</text>",
+        f"<text x=4 y={bottom}>0</text><text x=4 y={y(top / 1.05) + 4:.1f}>{_k(top / 1.05)}</text>",
     ]
     limits = (("window", run.window, "#495057"), ("threshold", run.threshold, "#e67700"))
     for name, value, colour in limits:

@@ -5,24 +5,25 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 import anyio
 
 from anabranch.cli._common import CliError, add_command
-from anabranch.cli._html_report import render_report
-from anabranch.context._pricing import PriceTable
 from anabranch.errors import SessionNotFoundError
-from anabranch.runtime._approval import pending_approvals
-from anabranch.runtime._runtime import Runtime
-from anabranch.runtime._transcript import render_transcript, run_transcript
-from anabranch.runtime._views import session_view
-from anabranch.store import RunRecord, SessionRecord, Store
+
+if TYPE_CHECKING:  # the engine is imported when the command runs (a fast ``--help``)
+    from anabranch.context._pricing import PriceTable
+    from anabranch.runtime._runtime import Runtime
+    from anabranch.store import RunRecord, SessionRecord, Store
 
 __all__ = ["print_messages", "print_session_json", "register"]
 
 
 async def print_session_json(store: Store, session: SessionRecord, prices: PriceTable) -> None:
     """``show --json``: the session view (docs/json.md)."""
+    from anabranch.runtime._views import session_view
+
     view = await session_view(store, session, prices)
     print(view.model_dump_json(indent=2))
 
@@ -31,6 +32,8 @@ async def print_messages(
     store: Store, session: SessionRecord, run: RunRecord | None, as_json: bool
 ) -> None:
     """``show --messages [RUN]``: the run's transcript (the root run by default)."""
+    from anabranch.runtime._transcript import render_transcript, run_transcript
+
     runs = await store.list_runs(session.id)
     if run is None:
         run = next((r for r in runs if r.parent_run_id is None), None)
@@ -55,12 +58,18 @@ async def print_messages(
 
 
 async def _open(db: str) -> Runtime:
+    from anabranch.runtime._runtime import Runtime
+
     rt = Runtime(db=db)
     await rt.open(create=False)
     return rt
 
 
 async def cmd_report(args: argparse.Namespace) -> int:
+    from anabranch.cli._html_report import render_report
+    from anabranch.context._pricing import PriceTable
+    from anabranch.runtime._views import session_view
+
     rt = await _open(args.db)
     try:
         session = await rt.store.get_session(args.session_id)
@@ -79,6 +88,8 @@ async def cmd_report(args: argparse.Namespace) -> int:
 
 
 async def cmd_approve(args: argparse.Namespace) -> int:
+    from anabranch.runtime._approval import pending_approvals
+
     rt = await _open(args.db)
     try:
         if await rt.store.get_session(args.session_id) is None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
 from anabranch.cli._common import CliError
-from anabranch.memory import MemoryFolder, MemoryWriteError, consolidate
-from anabranch.memory._select import keyword_selection
+
+if TYPE_CHECKING:  # the memory package is imported when a command runs (a fast ``--help``)
+    from anabranch.memory import MemoryFolder
 
 __all__ = ["register"]
 
@@ -20,6 +22,8 @@ def _default_dir() -> str:
 
 
 def _folder(args: argparse.Namespace) -> MemoryFolder:
+    from anabranch.memory import MemoryFolder
+
     root = Path(args.dir).expanduser()
     if not root.is_dir():
         raise CliError(f"{root} is not a memory folder (no such directory)")
@@ -38,6 +42,8 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_show(args: argparse.Namespace) -> int:
+    from anabranch.memory import MemoryWriteError
+
     folder = _folder(args)
     try:
         memory = await anyio.to_thread.run_sync(folder.read, args.name)
@@ -50,6 +56,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
 
 
 async def cmd_search(args: argparse.Namespace) -> int:
+    from anabranch.memory._select import keyword_selection
+
     memories = await anyio.to_thread.run_sync(_folder(args).all)
     names = keyword_selection(args.query, memories, args.limit)
     if not names:
@@ -62,6 +70,8 @@ async def cmd_search(args: argparse.Namespace) -> int:
 
 
 def _consolidate(folder: str, retention_days: int | None) -> str:
+    from anabranch.memory import consolidate
+
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise CliError(f"{root} is not a memory folder (no such directory)")

@@ -10,18 +10,7 @@ from typing import Any, TextIO
 
 from anabranch import events as ev
 
-__all__ = ["ProgressLines", "add_progress_arguments", "event_printer"]
-
-
-def add_progress_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--quiet", action="store_true", help="no progress on stderr (only the answer)"
-    )
-    parser.add_argument(
-        "--events",
-        action="store_true",
-        help="print every event as one JSON line on stdout (instead of the answer)",
-    )
+__all__ = ["ProgressLines", "event_printer"]
 
 
 def _k(tokens: int | None) -> str:

@@ -19,11 +19,11 @@ from anabranch.cli._common import (
     CliError,
     Started,
     add_command,
+    add_progress_arguments,
     check_db,
     open_store,
     output_text,
 )
-from anabranch.cli._progress import add_progress_arguments, event_printer
 from anabranch.cli._tracing import add_trace_arguments
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ def _model_for(args: argparse.Namespace, source: str | None) -> Any:
 
 def _runtime(args: argparse.Namespace, model: Any) -> Runtime:
     """The runtime ``run`` and ``resume`` drive a session with (not opened yet)."""
+    from anabranch.cli._progress import event_printer
     from anabranch.runtime._runtime import Runtime
 
     return Runtime(

@@ -131,9 +131,7 @@ def _print_node(
             f"(read {found.actual_read} of {found.expected_read} tokens)"
         )
     for i, child in enumerate(node.children):
-        _print_node(
-            child, child_indent, i == len(node.children) - 1, False, calls, priced, windows
-        )
+        _print_node(child, child_indent, i == len(node.children) - 1, False, calls, priced, windows)
 
 
 def _prices(path: str | None) -> PriceTable:
@@ -152,9 +150,7 @@ def _prices(path: str | None) -> PriceTable:
         raise CliError(f"cannot use prices from {path}: {message}") from exc
 
 
-async def _print_snapshots(
-    store: Store, session: SessionRecord, run: RunRecord | None
-) -> None:
+async def _print_snapshots(store: Store, session: SessionRecord, run: RunRecord | None) -> None:
     from anabranch.runtime._history import snapshot_blocks
 
     runs = [run] if run is not None else await store.list_runs(session.id)

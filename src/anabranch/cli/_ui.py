@@ -129,9 +129,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         action="store_true",
         help=f"(Re)create Phoenix's own environment ({phoenix_env()}) and exit",
     )
-    ui.add_argument(
-        "--no-install", action="store_true", help="Fail instead of installing Phoenix"
-    )
+    ui.add_argument("--no-install", action="store_true", help="Fail instead of installing Phoenix")
     ui.add_argument(
         "--start-timeout", type=float, default=120.0, help="Seconds to wait for it to start"
     )
