@@ -36,6 +36,7 @@ from anabranch.store import (
 )
 
 __all__ = [
+    "usage_anchor",
     "Ranges",
     "attachments_from_json",
     "attachments_json",
@@ -189,3 +190,23 @@ async def context_for(
         records += await store.load_messages(run_id, from_seq=first, to_seq=last)
     messages.extend(message_from_record(r) for r in records)
     return messages, records
+
+
+def usage_anchor(
+    calls: Sequence[CallRecord],
+    records: Sequence[MessageRecord],
+    boundary_created: float | None,
+) -> tuple[Usage, list[Message]] | None:
+    """What a resumed run anchors its token accounting on, as the live run did: the last
+    committed response's usage and the messages appended since, so it makes the same
+    compaction decisions as an uninterrupted run (``None``: no anchor)."""
+    last = next(
+        (c for c in reversed(calls) if c.status == "ok" and c.message_seq is not None), None
+    )
+    if last is None or last.usage is None or last.message_seq is None:
+        return None
+    if boundary_created is not None and (last.finished or 0.0) < boundary_created:
+        return None  # compacted since: the live run had dropped its anchor too
+    if not any(r.seq == last.message_seq for r in records):
+        return None
+    return call_usage(last), [message_from_record(r) for r in records if r.seq > last.message_seq]

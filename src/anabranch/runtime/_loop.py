@@ -27,7 +27,7 @@ import anyio
 import pydantic
 
 from anabranch.agents import Agent
-from anabranch.context._cache import place_breakpoints, system_digest, tools_digest
+from anabranch.context._cache import system_digest, tools_digest
 from anabranch.context._output import (
     describe_errors,
     output_retries_used,
@@ -35,11 +35,7 @@ from anabranch.context._output import (
     retry_message,
 )
 from anabranch.context._tokens import estimate_messages, estimate_request
-from anabranch.errors import (
-    ModelError,
-    OutputValidationError,
-    PromptTooLongError,
-)
+from anabranch.errors import ModelError, OutputValidationError, PromptTooLongError
 from anabranch.messages import (
     Message,
     ModelRequest,
@@ -57,7 +53,6 @@ from anabranch.runtime._environment import Environment
 from anabranch.runtime._final_report import final_report
 from anabranch.runtime._history import (
     boundary_ranges,
-    call_usage,
     context_for,
     exchange_turns,
     message_from_record,
@@ -65,20 +60,15 @@ from anabranch.runtime._history import (
     message_records,
     snapshot_blocks,
     snapshot_record,
+    usage_anchor,
 )
 from anabranch.runtime._memory import attach_relevant_memories
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import LimitStop, session_limits
-from anabranch.runtime._run_prompt import build_prompt
+from anabranch.runtime._run_prompt import build_prompt, run_request, with_breakpoints
 from anabranch.runtime._session_view import run_spend
 from anabranch.runtime._tool_calls import INTERRUPTED_REPORT, ToolCalls
-from anabranch.store import (
-    CallRecord,
-    MessageRecord,
-    RunRecord,
-    SnapshotRecord,
-    Store,
-)
+from anabranch.store import CallRecord, MessageRecord, RunRecord, Store
 from anabranch.traces import SpanRef, Tracing
 
 T = TypeVar("T")
@@ -92,10 +82,6 @@ RESUME_LINKS = 8
 def new_id(prefix: str) -> str:
     """A random id that is URL- and shell-safe (never starts with '-')."""
     return f"{prefix}_{secrets.token_hex(8)}"
-
-
-_message_json = message_json
-"""Kept for the compactor (issue 13 moves it to ``_history``)."""
 
 
 class AgentRun(ToolCalls):
@@ -180,7 +166,7 @@ class AgentRun(ToolCalls):
         run.snapshot_version = 1
         await env.store.create_run(
             record,
-            snapshot=run.snapshot_record(system, tools, reason="start"),
+            snapshot=snapshot_record(run.id, run.snapshot_version, system, tools, reason="start"),
             messages=run.message_records(messages),
         )
         run.system, run.tools = system, tools
@@ -225,7 +211,9 @@ class AgentRun(ToolCalls):
         exchange = exchange_turns(run.context)
         run.turn_base = run.turns - exchange if exchange is not None else 0
         run.appended_since_usage = list(run.context)
-        run._restore_usage_anchor(calls, records, boundary.created if boundary else None)
+        anchor = usage_anchor(calls, records, boundary.created if boundary else None)
+        if anchor is not None:
+            run.last_usage, run.appended_since_usage = anchor
         if (
             boundary is not None
             and boundary.kind == "compaction"
@@ -237,28 +225,6 @@ class AgentRun(ToolCalls):
             # finish the compaction as the live run would have, before its next call.
             await run.rebuild_snapshot("compaction")
         return run
-
-    def _restore_usage_anchor(
-        self,
-        calls: Sequence[CallRecord],
-        records: Sequence[MessageRecord],
-        boundary_created: float | None,
-    ) -> None:
-        """Anchor token accounting on the last committed response, as the live run did,
-        so a resumed run makes the same compaction decisions as an uninterrupted one."""
-        last = next(
-            (c for c in reversed(calls) if c.status == "ok" and c.message_seq is not None), None
-        )
-        if last is None or last.usage is None or last.message_seq is None:
-            return
-        if boundary_created is not None and (last.finished or 0.0) < boundary_created:
-            return  # compacted since: the live run had dropped its anchor too
-        if not any(r.seq == last.message_seq for r in records):
-            return
-        self.last_usage = call_usage(last)
-        self.appended_since_usage = [
-            message_from_record(r) for r in records if r.seq > last.message_seq
-        ]
 
     # ------------------------------------------------------------------ prompt
     def build_prompt(self) -> tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]:
@@ -287,16 +253,6 @@ class AgentRun(ToolCalls):
         await self.save_snapshot(system, tools, reason=reason)
         return True
 
-    def snapshot_record(
-        self,
-        system: tuple[SystemBlock, ...],
-        tools: tuple[ToolDefinition, ...],
-        *,
-        reason: str,
-    ) -> SnapshotRecord:
-        """The store record of a prompt snapshot with the current version number."""
-        return snapshot_record(self.id, self.snapshot_version, system, tools, reason=reason)
-
     async def save_snapshot(
         self,
         system: tuple[SystemBlock, ...],
@@ -305,25 +261,22 @@ class AgentRun(ToolCalls):
         reason: str,
     ) -> None:
         self.snapshot_version += 1
-        await self.env.store.save_snapshot(self.snapshot_record(system, tools, reason=reason))
+        record = snapshot_record(self.id, self.snapshot_version, system, tools, reason=reason)
+        await self.env.store.save_snapshot(record)
         self.system, self.tools = system, tools
 
     def build_request(
         self, *, tool_choice: str | None = None, max_tokens: int | None = None
     ) -> ModelRequest:
         """The exact request for the current context, cache breakpoints placed (<= 4)."""
-        request = ModelRequest(
-            model=self.agent.model,
-            system=self.system,
-            tools=self.tools,
-            messages=tuple(self.context),
-            max_tokens=max_tokens or self.agent.max_tokens,
-            settings=self.agent.model_settings
-            if tool_choice is None
-            else self.agent.model_settings.model_copy(update={"tool_choice": tool_choice}),
-            previous_response_id=self.last_response_id
-            if self.agent.model_settings.cache_diagnostics
-            else None,
+        request = run_request(
+            self.agent,
+            self.system,
+            self.tools,
+            self.context,
+            last_response_id=self.last_response_id,
+            tool_choice=tool_choice,
+            max_tokens=max_tokens,
         )
         return self.with_breakpoints(request)
 
@@ -333,12 +286,7 @@ class AgentRun(ToolCalls):
         For any extra call that shares this run's prefix (e.g. a summarizer request built
         from the run's system, tools and leading messages), so it reads the run's cache.
         """
-        policy = self.agent.context
-        return place_breakpoints(
-            request,
-            ttl=policy.cache_ttl if policy.cache_breakpoints else None,
-            prefix_ttl=policy.prefix_cache_ttl,
-        )
+        return with_breakpoints(self.agent, request)
 
     # ------------------------------------------------------------------ accounting
     @property

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from anabranch.agents import Agent
+from anabranch.context._cache import place_breakpoints
 from anabranch.context._output import output_instructions
 from anabranch.context._prompt import SubagentInfo, assemble_system
-from anabranch.messages import SystemBlock, ToolDefinition
+from anabranch.messages import Message, ModelRequest, SystemBlock, ToolDefinition
 from anabranch.runtime._bootstrap import prompt_inputs
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.store import RunRecord
 
-__all__ = ["build_prompt", "tool_guidance"]
+__all__ = ["build_prompt", "run_request", "tool_guidance", "with_breakpoints"]
 
 
 def build_prompt(
@@ -66,3 +67,39 @@ def tool_guidance(agent: Agent, builtins: Sequence[BuiltinTool]) -> list[str]:
     if agent.output_type is not None:
         texts.append(output_instructions(agent.output_type))
     return texts
+
+
+def run_request(
+    agent: Agent,
+    system: tuple[SystemBlock, ...],
+    tools: tuple[ToolDefinition, ...],
+    context: Sequence[Message],
+    *,
+    last_response_id: str | None,
+    tool_choice: str | None = None,
+    max_tokens: int | None = None,
+) -> ModelRequest:
+    """A run's request for ``context`` under its snapshot and the agent's settings
+    (``tool_choice`` overrides the agent's; breakpoints not placed yet)."""
+    settings = agent.model_settings
+    return ModelRequest(
+        model=agent.model,
+        system=system,
+        tools=tools,
+        messages=tuple(context),
+        max_tokens=max_tokens or agent.max_tokens,
+        settings=settings
+        if tool_choice is None
+        else settings.model_copy(update={"tool_choice": tool_choice}),
+        previous_response_id=last_response_id if settings.cache_diagnostics else None,
+    )
+
+
+def with_breakpoints(agent: Agent, request: ModelRequest) -> ModelRequest:
+    """``request`` with cache breakpoints placed by the agent's context policy."""
+    policy = agent.context
+    return place_breakpoints(
+        request,
+        ttl=policy.cache_ttl if policy.cache_breakpoints else None,
+        prefix_ttl=policy.prefix_cache_ttl,
+    )

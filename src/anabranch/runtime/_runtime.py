@@ -7,7 +7,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -17,14 +17,12 @@ from opentelemetry import trace
 
 from anabranch.agents import Agent, Budget, Graph
 from anabranch.context._pricing import PriceTable
-from anabranch.errors import (
-    SessionNotFoundError,
-    UserError,
-)
+from anabranch.errors import SessionNotFoundError, UserError
 from anabranch.messages import Document, Image, Usage, valid_text
 from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime import _queued
+from anabranch.runtime._agent_session import agent_result, drive_agent, root_run
 from anabranch.runtime._approval import PendingApproval, decide, pending_approvals
 from anabranch.runtime._budgets import (
     check_budget,
@@ -37,6 +35,14 @@ from anabranch.runtime._builtins import BuiltinTool
 from anabranch.runtime._compactor import CompactingPipeline, CompactionOutcome
 from anabranch.runtime._conversation import check_message, finished_root, stream_session
 from anabranch.runtime._dbpath import database_path
+from anabranch.runtime._definitions import (
+    MODEL_CLIENT_KEY,
+    agent_outline,
+    client_name,
+    default_builtins,
+    default_pipeline,
+    resolve_agent,
+)
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._event_stream import EventStream
 from anabranch.runtime._events import EventBus, EventCallback
@@ -47,26 +53,23 @@ from anabranch.runtime._graph import (
     resolve_graph,
     resume_graph,
 )
-from anabranch.runtime._loader import DIGEST_KEY, load_recorded, recorded_digest, source_digest
+from anabranch.runtime._loader import DIGEST_KEY, source_digest
 from anabranch.runtime._loop import AgentRun, new_id
-from anabranch.runtime._memory import ForgetTool, LogTool, RememberTool, memory_session_start
+from anabranch.runtime._memory import memory_session_start
 from anabranch.runtime._pipeline import ContextPipeline
-from anabranch.runtime._recall import RecallTool
 from anabranch.runtime._results import (
     GraphResult,
     RunResult,
     SessionStatus,
-    build_result,
     session_usage,
 )
 from anabranch.runtime._rewind import rewind_run
-from anabranch.runtime._run_limits import SessionLimits, continue_notice, parse_stop
+from anabranch.runtime._run_limits import SessionLimits, continue_notice
 from anabranch.runtime._session import SessionDriver, SessionEnd
-from anabranch.runtime._spawn import SpawnLimits, SpawnTool
+from anabranch.runtime._spawn import SpawnLimits
 from anabranch.runtime._task_input import task_message, task_text
 from anabranch.store import (
     BoundaryRecord,
-    RunRecord,
     SessionRecord,
     Store,
     describe_db,
@@ -84,37 +87,6 @@ __all__ = ["Runtime", "default_builtins", "default_pipeline"]
 DEFAULT_DB = "anabranch.db"
 _ENDED = ("done", "incomplete", "failed")
 """Statuses of a root run that has ended with a result."""
-
-
-def default_builtins() -> tuple[BuiltinTool, ...]:
-    """The built-in tools every runtime offers (to the agents they apply to)."""
-    return (SpawnTool(), RecallTool(), RememberTool(), ForgetTool(), LogTool())
-
-
-def default_pipeline() -> ContextPipeline[AgentRun]:
-    """The context pipeline used when none is given: budgets, clearing, compaction."""
-    return CompactingPipeline()
-
-
-MODEL_CLIENT_KEY = "model_client"
-"""The key of the model client's class in a session's definition outline (``show`` tells a
-test model's figures from priced ones)."""
-
-
-def _client_name(model: Model) -> str:
-    return f"{type(model).__module__}.{type(model).__qualname__}"
-
-
-def agent_outline(agent: Agent) -> dict[str, Any]:
-    return {
-        "name": agent.name,
-        "model": agent.model,
-        "window": agent.context.window,
-        "threshold": agent.context.threshold,
-        "tools": [t.name for t in agent.tools],
-        "subagents": [agent_outline(a) for a in agent.subagents],
-        **({"budget": agent.budget.model_dump(mode="json")} if agent.budget else {}),
-    }
 
 
 class Runtime:
@@ -309,7 +281,7 @@ class Runtime:
         ``drive``: this process runs it, so its model client is created first (missing
         credentials fail before a session exists). A session queued for workers is not.
         """
-        client = _client_name(self.model) if drive or self._model is not None else None
+        client = client_name(self.model) if drive or self._model is not None else None
         outline = {**self.session_notes, **outline, MODEL_CLIENT_KEY: client}
         if source is not None:
             # resume runs this file again only while it is byte for byte the same
@@ -377,7 +349,9 @@ class Runtime:
             await memory_session_start(env, agent)
             return await AgentRun.start(env, agent, [first])
 
-        return await self._drive_agent(session_id, agent.name, start, task=text)
+        return await drive_agent(
+            self._driver, self.store, self._agents, session_id, agent.name, start, task=text
+        )
 
     def stream(
         self,
@@ -396,6 +370,7 @@ class Runtime:
         session is a result with ``status="failed"``, as from ``run``). Leaving the block
         early cancels the run (the session stays resumable).
         """
+
         async def run(agent: Agent, task: str, on_session: Callable[[str], None]) -> RunResult:
             return await self.run(agent, task, source=source, on_session=on_session)
 
@@ -455,7 +430,7 @@ class Runtime:
             return await resume_graph(env, self._driver, graph, session)
         if session.kind != "agent":
             raise UserError(f"cannot resume a session of kind {session.kind!r}")
-        root = await self._root_run(session_id)
+        root = await root_run(self.store, session_id)
         stopped = root if root is not None and root.status == "incomplete" and budget else None
         if root is not None and root.status in _ENDED and stopped is None:
             # Nothing left to run (the process may have stopped before the session's
@@ -469,7 +444,9 @@ class Runtime:
             if session.status != root.status:
                 async with self._driver.lease(session_id):
                     await self._driver.record(session_id, end)
-            return await self._result(session_id, root.id, root.agent_name, end)
+            return await agent_result(
+                self.store, self._agents, session_id, root.id, root.agent_name, end
+            )
         root_agent = self.resolve_agent(session, agent)
         env = await self.session_environment(session_id, budget=budget)
         if stopped is not None:
@@ -483,8 +460,15 @@ class Runtime:
                 await run.continue_with(continue_notice(stopped, budget))
             return run
 
-        return await self._drive_agent(
-            session_id, root_agent.name, load, task=session.task, resumed=True
+        return await drive_agent(
+            self._driver,
+            self.store,
+            self._agents,
+            session_id,
+            root_agent.name,
+            load,
+            task=session.task,
+            resumed=True,
         )
 
     async def send(
@@ -518,7 +502,15 @@ class Runtime:
             await run.continue_with(text)
             return run
 
-        return await self._drive_agent(session_id, root_agent.name, load_and_continue, task=text)
+        return await drive_agent(
+            self._driver,
+            self.store,
+            self._agents,
+            session_id,
+            root_agent.name,
+            load_and_continue,
+            task=text,
+        )
 
     async def compact(self, session_id: str, agent: Agent | None = None) -> CompactionOutcome:
         """Compact the root agent's context of a finished turn now (``/compact``)."""
@@ -552,7 +544,6 @@ class Runtime:
     async def pending_approvals(self, session_id: str) -> list[PendingApproval]:
         """The session's tool calls waiting for approval, oldest first."""
         return await pending_approvals(self.store, session_id)
-
 
     # ------------------------------------------------------------------ queued sessions
     async def submit(
@@ -588,76 +579,7 @@ class Runtime:
 
     def resolve_agent(self, session: SessionRecord, agent: Agent | None = None) -> Agent:
         """The root agent of a session: given, registered, or loaded from its source."""
-        if agent is not None:
-            if agent.name != session.entry:
-                raise UserError(
-                    f"session {session.id} was run by agent {session.entry!r}, not {agent.name!r}"
-                )
-            return agent
-        if session.entry in self._agents:
-            return self._agents[session.entry]
-        if session.source:
-            loaded = load_recorded(
-                session.source, recorded_digest(session.definition), f"session {session.id}"
-            )
-            if isinstance(loaded, Agent) and loaded.name == session.entry:
-                self.register(loaded)
-                return loaded
-        raise UserError(
-            f"cannot find agent {session.entry!r} to resume session {session.id}: pass it to "
-            "resume(session_id, agent=...) or Runtime(agents=[...])"
-        )
-
-    async def _root_run(self, session_id: str) -> RunRecord | None:
-        runs = await self.store.list_runs(session_id)
-        return next((r for r in runs if r.parent_run_id is None and r.task_id is None), None)
-
-    async def _drive_agent(
-        self,
-        session_id: str,
-        agent_name: str,
-        open_run: Callable[[], Awaitable[AgentRun]],
-        *,
-        task: str,
-        resumed: bool = False,
-    ) -> RunResult:
-        """Drive an agent session's root run under the session driver."""
-        run_id = ""
-
-        async def body() -> SessionEnd:
-            nonlocal run_id
-            run = await open_run()
-            run_id = run.id
-            output = await run.drive()
-            if run.stop is not None:
-                return SessionEnd("incomplete", output=output, error=run.stop.describe())
-            if run.record.status == "incomplete":  # it had ended so before this drive
-                return SessionEnd("incomplete", output=output, error=run.record.error)
-            return SessionEnd("done", output=output)
-
-        async def result(end: SessionEnd) -> RunResult:
-            if not run_id:  # the root run could not even be opened
-                root = await self._root_run(session_id)
-                return await self._result(session_id, root.id if root else "", agent_name, end)
-            return await self._result(session_id, run_id, agent_name, end)
-
-        return await self._driver.drive(session_id, body, result=result, task=task, resumed=resumed)
-
-    async def _result(
-        self, session_id: str, run_id: str, agent_name: str, end: SessionEnd
-    ) -> RunResult:
-        return await build_result(
-            self.store,
-            session_id,
-            run_id=run_id,
-            agent=agent_name,
-            status=end.status,
-            output=end.output,
-            error=end.error,
-            cause=end.cause,
-            output_type=agent.output_type if (agent := self._agents.get(agent_name)) else None,
-            stop_reason=parse_stop(end.error)[0] if end.status == "incomplete" else None,
-        )
+        return resolve_agent(session, agent, self._agents, self.register)
 
     async def rewind(self, session_id: str, run_id: str, boundary_id: int) -> BoundaryRecord:
         """Restore a run's context to what it was before boundary ``boundary_id``.

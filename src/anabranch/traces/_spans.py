@@ -11,7 +11,6 @@ OpenInference keys (``openinference.span.kind``, ``session.id``, ``llm.token_cou
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,13 +25,15 @@ from anabranch.messages import (
     Document,
     Image,
     Message,
-    RedactedThinkingBlock,
     SystemBlock,
-    TextBlock,
-    ThinkingBlock,
-    ToolResultBlock,
-    ToolUseBlock,
     Usage,
+)
+from anabranch.traces._payloads import (
+    compact_json,
+    message_json,
+    message_parts,
+    semconv_messages,
+    usage_attributes,
 )
 
 __all__ = ["SpanRef", "Tracing", "content_capture_from_env"]
@@ -67,10 +68,6 @@ def _safe_set(span: Span, attributes: Mapping[str, Any]) -> None:
         _log.debug("could not set span attributes", exc_info=True)
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 def _links(refs: Sequence[SpanRef]) -> list[Link]:
     links = []
     for ref in refs:
@@ -86,67 +83,6 @@ def _links(refs: Sequence[SpanRef]) -> list[Link]:
         if context.is_valid:
             links.append(Link(context, {"anabranch.link.type": "resumed_from"}))
     return links
-
-
-def _attachment_part(block: Image | Document) -> dict[str, Any]:
-    """An image or document as a span sees it: its kind and size, never its bytes."""
-    part: dict[str, Any] = {"type": block.type, "media_type": block.media_type}
-    if block.url is not None:
-        part["source"] = "url"
-    else:
-        part["size"] = block.size
-    return part
-
-
-def _parts(message: Message) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
-    for block in message.content:
-        if isinstance(block, TextBlock):
-            parts.append({"type": "text", "content": block.text})
-        elif isinstance(block, ToolUseBlock):
-            parts.append(
-                {"type": "tool_call", "id": block.id, "name": block.name, "arguments": block.input}
-            )
-        elif isinstance(block, ToolResultBlock):
-            part: dict[str, Any] = {
-                "type": "tool_call_response",
-                "id": block.tool_use_id,
-                "response": block.content,
-            }
-            if block.attachments:
-                part["attachments"] = [_attachment_part(a) for a in block.attachments]
-            parts.append(part)
-        elif isinstance(block, ThinkingBlock):
-            parts.append({"type": "reasoning", "content": block.thinking})
-        elif isinstance(block, RedactedThinkingBlock):
-            parts.append({"type": "reasoning", "redacted": True})
-        elif isinstance(block, Image | Document):
-            parts.append(_attachment_part(block))
-    return parts
-
-
-def _message_json(message: Message) -> dict[str, Any]:
-    """A message for ``input.value``/``output.value``: payloads of images and documents
-    (and opaque thinking signatures) are replaced by their size."""
-    content: list[dict[str, Any]] = []
-    for block in message.content:
-        if isinstance(block, Image | Document):
-            content.append(_attachment_part(block))
-        elif isinstance(block, ToolResultBlock) and block.attachments:
-            dumped = block.model_dump(mode="json", exclude={"attachments"})
-            dumped["attachments"] = [_attachment_part(a) for a in block.attachments]
-            content.append(dumped)
-        elif isinstance(block, ThinkingBlock):
-            content.append({"type": "thinking", "thinking": block.thinking})
-        elif isinstance(block, RedactedThinkingBlock):
-            content.append({"type": "redacted_thinking"})
-        else:
-            content.append(block.model_dump(mode="json"))
-    return {"role": message.role, "content": content}
-
-
-def _semconv_messages(messages: Sequence[Message]) -> str:
-    return _json([{"role": m.role, "parts": _parts(m)} for m in messages])
 
 
 class Tracing:
@@ -310,7 +246,7 @@ class Tracing:
             attributes["output.value"] = output
             attributes["output.mime_type"] = "text/plain"
         if usage is not None:
-            attributes.update(_usage_attributes(usage))
+            attributes.update(usage_attributes(usage))
         _safe_set(span, attributes)
 
     # ------------------------------------------------------------------ model calls
@@ -349,11 +285,11 @@ class Tracing:
         if compacted:
             attributes["gen_ai.conversation.compacted"] = True
         if self.capture_content and messages is not None:
-            attributes["gen_ai.input.messages"] = _semconv_messages(messages)
-            attributes["input.value"] = _json([_message_json(m) for m in messages])
+            attributes["gen_ai.input.messages"] = semconv_messages(messages)
+            attributes["input.value"] = compact_json([message_json(m) for m in messages])
             attributes["input.mime_type"] = "application/json"
             if system:
-                attributes["gen_ai.system_instructions"] = _json(
+                attributes["gen_ai.system_instructions"] = compact_json(
                     [{"type": "text", "content": b.text} for b in system]
                 )
         with self._span(f"chat {model}", SpanKind.CLIENT, attributes) as span:
@@ -373,19 +309,19 @@ class Tracing:
             "gen_ai.response.id": response_id,
             "gen_ai.response.model": response_model,
             "gen_ai.response.finish_reasons": [stop_reason or "unknown"],
-            **_usage_attributes(usage),
+            **usage_attributes(usage),
         }
         if self.capture_content and output is not None:
-            attributes["gen_ai.output.messages"] = _json(
+            attributes["gen_ai.output.messages"] = compact_json(
                 [
                     {
                         "role": output.role,
-                        "parts": _parts(output),
+                        "parts": message_parts(output),
                         "finish_reason": stop_reason or "unknown",
                     }
                 ]
             )
-            attributes["output.value"] = _json(_message_json(output))
+            attributes["output.value"] = compact_json(message_json(output))
             attributes["output.mime_type"] = "application/json"
         _safe_set(span, attributes)
 
@@ -434,8 +370,8 @@ class Tracing:
             "tool.id": call_id,
         }
         if self.capture_content and arguments is not None:
-            attributes["gen_ai.tool.call.arguments"] = _json(arguments)
-            attributes["input.value"] = _json(arguments)
+            attributes["gen_ai.tool.call.arguments"] = compact_json(arguments)
+            attributes["input.value"] = compact_json(arguments)
             attributes["input.mime_type"] = "application/json"
         with self._span(f"execute_tool {tool}", SpanKind.INTERNAL, attributes) as span:
             yield span
@@ -553,9 +489,9 @@ class Tracing:
                 "gen_ai.compaction.event_count": messages_before,
                 "gen_ai.compaction.messages_after": messages_after,
                 "error.type": "compaction_failed" if failure is not None else None,
-                "input.value": _json(before),
+                "input.value": compact_json(before),
                 "input.mime_type": "application/json",
-                "output.value": _json(after),
+                "output.value": compact_json(after),
                 "output.mime_type": "application/json",
             },
         )
@@ -655,26 +591,3 @@ class Tracing:
             span.add_event(name, {k: v for k, v in attributes.items() if v is not None})
         except Exception:  # pragma: no cover
             _log.debug("could not add span event", exc_info=True)
-
-
-def _usage_attributes(usage: Usage) -> dict[str, Any]:
-    """GenAI usage (input = uncached + cache read + cache write) and the OpenInference counts.
-
-    The cache-write count goes under its current name (``cache_write``) and its former one
-    (``cache_creation``), which Phoenix still reads.
-    """
-    total_input = usage.total_input_tokens
-    return {
-        "gen_ai.usage.input_tokens": total_input,
-        "gen_ai.usage.output_tokens": usage.output_tokens,
-        "gen_ai.usage.cache_read.input_tokens": usage.cache_read_input_tokens,
-        "gen_ai.usage.cache_write.input_tokens": usage.cache_creation_input_tokens,
-        "gen_ai.usage.cache_creation.input_tokens": usage.cache_creation_input_tokens,
-        "llm.token_count.prompt": total_input,
-        "llm.token_count.completion": usage.output_tokens,
-        "llm.token_count.total": total_input + usage.output_tokens,
-        "llm.token_count.prompt_details.cache_read": usage.cache_read_input_tokens,
-        "llm.token_count.prompt_details.cache_write": usage.cache_creation_input_tokens,
-        "gen_ai.usage.reasoning.output_tokens": usage.thinking_tokens,
-        "llm.token_count.completion_details.reasoning": usage.thinking_tokens,
-    }

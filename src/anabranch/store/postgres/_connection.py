@@ -30,7 +30,10 @@ from anabranch.errors import DatabaseError, StoreError
 from anabranch.store._dsn import redact_dsn
 from anabranch.store.postgres._schema import SCHEMA
 
-__all__ = ["Batch", "Connections", "Write", "connect", "store_error"]
+__all__ = ["NOW", "Batch", "Connections", "Write", "connect", "store_error"]
+
+NOW = "extract(epoch from clock_timestamp())"
+"""The database clock, in seconds, as SQL: leases and heartbeats use it, not the host's."""
 
 T = TypeVar("T")
 Conn = psycopg.Connection[dict[str, Any]]

@@ -17,8 +17,8 @@ import psycopg
 from anabranch.errors import DatabaseError
 from anabranch.store._dsn import redact_dsn
 from anabranch.store.postgres._connection import connect
+from anabranch.store.postgres._migrate import migrate
 from anabranch.store.postgres._schema import APPEND_ONLY, BUDGET_TABLES
-from anabranch.store.postgres._store import _migrate
 from anabranch.store.sqlite._blobs import hydrate_rows
 
 __all__ = ["import_sqlite"]
@@ -69,7 +69,7 @@ def import_sqlite(source: Path, dsn: str) -> dict[str, int]:
 
 
 def _import(src: sqlite3.Connection, conn: Any, dsn: str) -> dict[str, int]:
-    _migrate(conn, True, redact_dsn(dsn))
+    migrate(conn, True, redact_dsn(dsn))
     with conn.transaction():
         ids = [row[0] for row in src.execute("SELECT id FROM sessions")]
         taken = conn.execute(

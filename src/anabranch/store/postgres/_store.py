@@ -14,7 +14,6 @@ Invariants (the same as the SQLite store's, across processes and hosts):
 from __future__ import annotations
 
 import os
-import re
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +21,7 @@ from dataclasses import asdict
 from typing import Any, Literal, TypeVar
 
 from anabranch._process import pid_alive
-from anabranch.errors import DatabaseError, LeaseLostError, SessionBusyError
+from anabranch.errors import LeaseLostError, SessionBusyError
 from anabranch.store._dsn import redact_dsn
 from anabranch.store._records import (
     BoundaryRecord,
@@ -38,14 +37,13 @@ from anabranch.store._records import (
     ToolEventRecord,
 )
 from anabranch.store._rows import call_row, message_row, run_row, snapshot_row, tool_event_row
-from anabranch.store.postgres._connection import Batch, Conn, Connections, connect
+from anabranch.store.postgres._connection import NOW, Batch, Conn, Connections, connect
+from anabranch.store.postgres._migrate import migrate
 from anabranch.store.postgres._reads import Reads
-from anabranch.store.postgres._schema import APP_ID, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 
-__all__ = ["PostgresStore", "WorkerRegistry"]
+__all__ = ["PostgresStore"]
 
 T = TypeVar("T")
-_NOW = "extract(epoch from clock_timestamp())"
 
 
 def _insert(conn: Conn, table: str, values: dict[str, Any], returning: str = "") -> Any:
@@ -57,9 +55,6 @@ def _insert(conn: Conn, table: str, values: dict[str, Any], returning: str = "")
         return row[returning] if row else None
     conn.execute(sql, values)
     return None
-
-
-
 
 
 class PostgresStore(Reads):
@@ -97,7 +92,7 @@ class PostgresStore(Reads):
         def open_connections() -> Connections:
             writer = connect(dsn)
             try:
-                _migrate(writer, create, redact_dsn(dsn))
+                migrate(writer, create, redact_dsn(dsn))
                 reader = connect(dsn)
             except BaseException:
                 writer.close()
@@ -211,7 +206,7 @@ class PostgresStore(Reads):
 
         def write(conn: Conn) -> None:
             row = conn.execute(
-                f"SELECT owner, host, pid, expires, {_NOW} AS now FROM leases "
+                f"SELECT owner, host, pid, expires, {NOW} AS now FROM leases "
                 "WHERE session_id = %s FOR UPDATE",
                 (session_id,),
             ).fetchone()
@@ -225,7 +220,7 @@ class PostgresStore(Reads):
             if row is None:
                 conn.execute(
                     "INSERT INTO leases (session_id, owner, host, pid, expires) VALUES "
-                    f"(%(session_id)s, %(owner)s, %(host)s, %(pid)s, {_NOW} + %(ttl)s)",
+                    f"(%(session_id)s, %(owner)s, %(host)s, %(pid)s, {NOW} + %(ttl)s)",
                     values,
                 )
                 return
@@ -235,7 +230,7 @@ class PostgresStore(Reads):
                     raise SessionBusyError(session_id, f"{row['owner']} on {row['host']}")
             conn.execute(
                 "UPDATE leases SET owner = %(owner)s, host = %(host)s, pid = %(pid)s, "
-                f"expires = {_NOW} + %(ttl)s, epoch = epoch + 1 WHERE session_id = %(session_id)s",
+                f"expires = {NOW} + %(ttl)s, epoch = epoch + 1 WHERE session_id = %(session_id)s",
                 values,
             )
 
@@ -249,7 +244,7 @@ class PostgresStore(Reads):
 
         def write(conn: Conn) -> bool:
             cursor = conn.execute(
-                f"UPDATE leases SET expires = {_NOW} + %s WHERE session_id = %s AND owner = %s",
+                f"UPDATE leases SET expires = {NOW} + %s WHERE session_id = %s AND owner = %s",
                 (ttl, session_id, owner),
             )
             return cursor.rowcount > 0
@@ -280,7 +275,7 @@ class PostgresStore(Reads):
     async def lease_holder(self, session_id: str) -> str | None:
         """The live owner of the session's lease, if any."""
         row = await self._one(
-            f"SELECT owner, host, pid, expires > {_NOW} AS live FROM leases WHERE session_id = %s",
+            f"SELECT owner, host, pid, expires > {NOW} AS live FROM leases WHERE session_id = %s",
             (session_id,),
         )
         if row is None or not row["live"]:
@@ -537,102 +532,3 @@ class PostgresStore(Reads):
             "created": time.time(),
         }
         await self._write(lambda conn: _insert(conn, "run_spans", values), session=session_id)
-
-
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
-
-
-def _migrate(conn: Conn, create: bool, where: str) -> None:
-    """Check the ``anabranch`` schema and bring it to ``SCHEMA_VERSION`` (one transaction,
-    serialised across processes by an advisory lock)."""
-    assert _SCHEMA_NAME.match(SCHEMA)
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('anabranch.migrate'))")
-        exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (SCHEMA,)).fetchone()
-        version = 0
-        if exists:
-            has_meta = conn.execute(
-                "SELECT 1 FROM pg_tables WHERE schemaname = %s AND tablename = 'meta'", (SCHEMA,)
-            ).fetchone()
-            meta = (
-                {r["key"]: r["value"] for r in conn.execute("SELECT key, value FROM meta")}
-                if has_meta
-                else {}
-            )
-            if meta.get("app") != APP_ID:
-                raise DatabaseError(f"schema {SCHEMA} in {where} is not an anabranch store")
-            version = int(meta.get("schema_version", "0"))
-            if version > SCHEMA_VERSION:
-                raise DatabaseError(
-                    f"{where} has anabranch schema version {version}, newer than this "
-                    f"anabranch understands ({SCHEMA_VERSION}); upgrade anabranch"
-                )
-        elif not create:
-            raise DatabaseError(f"no anabranch store in {where}")
-        if version == SCHEMA_VERSION:
-            return
-        if not create:
-            raise DatabaseError(f"{where} needs a schema migration: open it with create=True")
-        if not exists:
-            conn.execute(f"CREATE SCHEMA {SCHEMA}")
-        for script in MIGRATIONS[version:]:
-            conn.execute(script)
-        conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('app', %s), ('schema_version', %s) "
-            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-            (APP_ID, str(SCHEMA_VERSION)),
-        )
-
-
-class WorkerRegistry:
-    """Heartbeats of worker processes (``workers`` table), for failover of dead ones."""
-
-    def __init__(self, store: PostgresStore) -> None:
-        self._store = store
-
-    async def beat(self, executor_id: str, queue: str, *, stopping: bool = False) -> None:
-        """Record that ``executor_id`` is alive (or, ``stopping``, that it just stopped:
-        its sessions can be recovered at once)."""
-        values = {
-            "executor_id": executor_id,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "queue": queue,
-            "started": time.time(),
-        }
-        beat = "0" if stopping else _NOW
-
-        def write(conn: Conn) -> None:
-            conn.execute(
-                "INSERT INTO workers (executor_id, host, pid, queue, started, heartbeat) VALUES "
-                f"(%(executor_id)s, %(host)s, %(pid)s, %(queue)s, %(started)s, {beat}) "
-                "ON CONFLICT (executor_id) DO UPDATE SET host = EXCLUDED.host, "
-                "pid = EXCLUDED.pid, queue = EXCLUDED.queue, heartbeat = EXCLUDED.heartbeat, "
-                "recovered_by = NULL",
-                values,
-            )
-
-        await self._store._connections.write(lambda conn, _batch: write(conn))
-
-    async def dead(self, me: str, dead_after: float) -> list[str]:
-        """Executors other than ``me`` whose heartbeat is older than ``dead_after`` seconds
-        and whose sessions no live worker has recovered yet."""
-        rows = await self._store._all(
-            "SELECT executor_id FROM workers WHERE executor_id <> %s AND recovered_by IS NULL "
-            f"AND heartbeat < {_NOW} - %s ORDER BY heartbeat",
-            (me, dead_after),
-        )
-        return [str(row["executor_id"]) for row in rows]
-
-    async def mark_recovered(self, executor_id: str, by: str, dead_after: float) -> None:
-        """Every pending session of ``executor_id`` went back to its queue (unless it came
-        back to life meanwhile)."""
-
-        def write(conn: Conn) -> None:
-            conn.execute(
-                "UPDATE workers SET recovered_by = %s WHERE executor_id = %s "
-                f"AND heartbeat < {_NOW} - %s",
-                (by, executor_id, dead_after),
-            )
-
-        await self._store._connections.write(lambda conn, _batch: write(conn))

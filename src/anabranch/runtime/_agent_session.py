@@ -1,0 +1,80 @@
+"""An agent session's root run driven under the session driver, and its result."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+
+from anabranch.agents import Agent
+from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._results import RunResult, build_result
+from anabranch.runtime._run_limits import parse_stop
+from anabranch.runtime._session import SessionDriver, SessionEnd
+from anabranch.store import RunRecord, Store
+
+__all__ = ["agent_result", "drive_agent", "root_run"]
+
+
+async def root_run(store: Store, session_id: str) -> RunRecord | None:
+    """The session's root run (``None`` before its first commit)."""
+    runs = await store.list_runs(session_id)
+    return next((r for r in runs if r.parent_run_id is None and r.task_id is None), None)
+
+
+async def agent_result(
+    store: Store,
+    agents: Mapping[str, Agent],
+    session_id: str,
+    run_id: str,
+    agent_name: str,
+    end: SessionEnd,
+) -> RunResult:
+    """The result of an agent session that ended as ``end`` (its output validated against
+    the agent's ``output_type`` when the agent is known)."""
+    return await build_result(
+        store,
+        session_id,
+        run_id=run_id,
+        agent=agent_name,
+        status=end.status,
+        output=end.output,
+        error=end.error,
+        cause=end.cause,
+        output_type=agent.output_type if (agent := agents.get(agent_name)) else None,
+        stop_reason=parse_stop(end.error)[0] if end.status == "incomplete" else None,
+    )
+
+
+async def drive_agent(
+    driver: SessionDriver,
+    store: Store,
+    agents: Mapping[str, Agent],
+    session_id: str,
+    agent_name: str,
+    open_run: Callable[[], Awaitable[AgentRun]],
+    *,
+    task: str,
+    resumed: bool = False,
+) -> RunResult:
+    """Drive an agent session's root run under the session driver."""
+    run_id = ""
+
+    async def body() -> SessionEnd:
+        nonlocal run_id
+        run = await open_run()
+        run_id = run.id
+        output = await run.drive()
+        if run.stop is not None:
+            return SessionEnd("incomplete", output=output, error=run.stop.describe())
+        if run.record.status == "incomplete":  # it had ended so before this drive
+            return SessionEnd("incomplete", output=output, error=run.record.error)
+        return SessionEnd("done", output=output)
+
+    async def result(end: SessionEnd) -> RunResult:
+        if not run_id:  # the root run could not even be opened
+            root = await root_run(store, session_id)
+            return await agent_result(
+                store, agents, session_id, root.id if root else "", agent_name, end
+            )
+        return await agent_result(store, agents, session_id, run_id, agent_name, end)
+
+    return await driver.drive(session_id, body, result=result, task=task, resumed=resumed)

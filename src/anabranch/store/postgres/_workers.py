@@ -1,0 +1,69 @@
+"""Worker heartbeats (the ``workers`` table), for the failover of dead executors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from anabranch.store.postgres._connection import NOW, Conn
+
+if TYPE_CHECKING:
+    from anabranch.store.postgres._store import PostgresStore
+
+__all__ = ["WorkerRegistry"]
+
+
+class WorkerRegistry:
+    """Heartbeats of worker processes (``workers`` table), for failover of dead ones."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    async def beat(self, executor_id: str, queue: str, *, stopping: bool = False) -> None:
+        """Record that ``executor_id`` is alive (or, ``stopping``, that it just stopped:
+        its sessions can be recovered at once)."""
+        values = {
+            "executor_id": executor_id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "queue": queue,
+            "started": time.time(),
+        }
+        beat = "0" if stopping else NOW
+
+        def write(conn: Conn) -> None:
+            conn.execute(
+                "INSERT INTO workers (executor_id, host, pid, queue, started, heartbeat) VALUES "
+                f"(%(executor_id)s, %(host)s, %(pid)s, %(queue)s, %(started)s, {beat}) "
+                "ON CONFLICT (executor_id) DO UPDATE SET host = EXCLUDED.host, "
+                "pid = EXCLUDED.pid, queue = EXCLUDED.queue, heartbeat = EXCLUDED.heartbeat, "
+                "recovered_by = NULL",
+                values,
+            )
+
+        await self._store._connections.write(lambda conn, _batch: write(conn))
+
+    async def dead(self, me: str, dead_after: float) -> list[str]:
+        """Executors other than ``me`` whose heartbeat is older than ``dead_after`` seconds
+        and whose sessions no live worker has recovered yet."""
+        rows = await self._store._all(
+            "SELECT executor_id FROM workers WHERE executor_id <> %s AND recovered_by IS NULL "
+            f"AND heartbeat < {NOW} - %s ORDER BY heartbeat",
+            (me, dead_after),
+        )
+        return [str(row["executor_id"]) for row in rows]
+
+    async def mark_recovered(self, executor_id: str, by: str, dead_after: float) -> None:
+        """Every pending session of ``executor_id`` went back to its queue (unless it came
+        back to life meanwhile)."""
+
+        def write(conn: Conn) -> None:
+            conn.execute(
+                "UPDATE workers SET recovered_by = %s WHERE executor_id = %s "
+                f"AND heartbeat < {NOW} - %s",
+                (by, executor_id, dead_after),
+            )
+
+        await self._store._connections.write(lambda conn, _batch: write(conn))
