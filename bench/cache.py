@@ -47,6 +47,7 @@ from anabranch.messages import (
     messages_to_json,
 )
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
+from anabranch.runtime._context_view import BoundaryCommit, ContextChange, ContextView
 from anabranch.runtime._loop import AgentRun
 from anabranch.runtime._pipeline import ContextPipeline, PassThroughPipeline
 from anabranch.runtime._runtime import default_builtins, default_pipeline
@@ -224,24 +225,22 @@ class StandInCompaction(PassThroughPipeline):
     """Window compaction (drop the oldest turns, keep the last tool round) when over the
     threshold, then rebuild the snapshot — used when the runtime has no compaction."""
 
-    async def before_call(self, run: AgentRun) -> None:
+    async def before_call(self, run: ContextView) -> ContextChange | None:
         if run.context_tokens <= run.threshold or len(run.context) < 4:
-            return
-        kept = run.context[-2:]
+            return None
+        kept = tuple(run.context[-2:])
         summary = Message.user("<summary>Earlier steps were dropped.</summary>")
-        await run.env.store.add_boundary(
-            BoundaryRecord(
-                run_id=run.id,
-                kind="compaction",
-                prefix=messages_to_json([summary]),
-                ranges=json.dumps([[run.next_seq - len(kept), None]]),
-                created=time.time(),
-                strategy="window",
-                trigger="threshold",
-            )
+        boundary = BoundaryRecord(
+            run_id=run.id,
+            kind="compaction",
+            prefix=messages_to_json([summary]),
+            ranges=json.dumps([[run.next_seq - len(kept), None]]),
+            created=time.time(),
+            strategy="window",
+            trigger="threshold",
         )
-        run.replace_context([summary, *kept])
-        await run.save_snapshot(*run.build_prompt(), reason="compaction")
+        commit = BoundaryCommit(boundary, context=(summary, *kept), next_seq=run.next_seq)
+        return ContextChange(commits=(commit,), rebuild_prompt=True)
 
 
 def runtime_parts() -> tuple[ContextPipeline | None, tuple[BuiltinTool, ...] | None, list[str]]:

@@ -20,9 +20,7 @@ async def main(dsn: str, executor: str, concurrency: int, latency: float, ready:
     async with Runtime(
         db=dsn, model=LatencyModel(latency), tracer_provider=provider, agents=[worker_agent()]
     ) as rt:
-        options = WorkerOptions(
-            executor_id=executor, concurrency=concurrency, polling_interval=0.1
-        )
+        options = WorkerOptions(executor_id=executor, concurrency=concurrency, polling_interval=0.1)
         await serve(rt, dsn, options, on_ready=lambda _: ready.touch())
 
 

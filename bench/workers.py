@@ -101,8 +101,12 @@ async def enqueue_all(dsn: str, count: int) -> list[str]:
     async with Runtime(db=dsn) as rt:
         ids = [
             await rt.open_session(
-                kind="agent", entry=agent.name, task=f"task {i}: work through the steps",
-                source=None, outline={}, on_session=None,
+                kind="agent",
+                entry=agent.name,
+                task=f"task {i}: work through the steps",
+                source=None,
+                outline={},
+                on_session=None,
             )
             for i in range(count)
         ]
@@ -116,8 +120,12 @@ async def enqueue_all(dsn: str, count: int) -> list[str]:
                 for session_id in ids:
                     client.enqueue_in_transaction(
                         conn,
-                        {"workflow_name": WORKFLOW_NAME, "queue_name": DEFAULT_QUEUE,
-                         "workflow_id": session_id, "app_version": APP_VERSION},
+                        {
+                            "workflow_name": WORKFLOW_NAME,
+                            "queue_name": DEFAULT_QUEUE,
+                            "workflow_id": session_id,
+                            "app_version": APP_VERSION,
+                        },
                         session_id,
                     )
         finally:
@@ -164,9 +172,19 @@ async def trial(cluster: Cluster, sessions: int, workers: int, latency: float) -
         ready = workdir / f"w{i}.ready"
         procs.append(
             subprocess.Popen(  # noqa: ASYNC220 - started once per trial, before timing
-                [sys.executable, "-m", "bench.pg_worker", dsn, f"bench-{i}", str(per_worker),
-                 str(latency), str(ready)],
-                env=env, cwd=ROOT, stderr=open(workdir / f"w{i}.log", "w"),
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.pg_worker",
+                    dsn,
+                    f"bench-{i}",
+                    str(per_worker),
+                    str(latency),
+                    str(ready),
+                ],
+                env=env,
+                cwd=ROOT,
+                stderr=open(workdir / f"w{i}.log", "w"),
             )
         )
     await until(lambda: all((workdir / f"w{i}.ready").exists() for i in range(workers)), 300)
@@ -218,8 +236,14 @@ async def sqlite_figures(sessions: int, latency: float) -> dict[str, Any]:
     result = await concurrency.trial(folder, sessions, latency, mix="root")
     return {
         key: result[key]
-        for key in ("runs", "wall_s", "ideal_s", "wall_over_ideal", "cpu_ms_per_model_call",
-                    "all_complete")
+        for key in (
+            "runs",
+            "wall_s",
+            "ideal_s",
+            "wall_over_ideal",
+            "cpu_ms_per_model_call",
+            "all_complete",
+        )
     } | {"sessions_per_s": result["sessions"] / result["wall_s"]}
 
 

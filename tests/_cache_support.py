@@ -19,12 +19,13 @@ from anabranch.messages import (
     Usage,
     messages_to_json,
 )
+from anabranch.runtime._context_view import BoundaryCommit, ContextChange, ContextView
 from anabranch.runtime._loop import AgentRun
 from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.store import BoundaryRecord
 from anabranch.testing import FunctionModel
 
-Action = Callable[[AgentRun], Awaitable[None]]
+Action = Callable[[AgentRun], Awaitable[ContextChange | None]]
 
 
 @tool
@@ -88,34 +89,36 @@ class FakeClock:
 
 
 class ScriptedPipeline(PassThroughPipeline):
-    """Runs ``actions[n]`` before the n-th model call of a run (n counts from 1)."""
+    """Runs ``actions[n]`` before the n-th model call of a run (n counts from 1).
+
+    An action stands for what happens between two calls (the definition edited, time
+    passing) and may return a ``ContextChange`` for the loop to commit (a compaction).
+    """
 
     def __init__(self, actions: dict[int, Action]) -> None:
         self.actions = actions
 
-    async def before_call(self, run: AgentRun) -> None:
+    async def before_call(self, run: ContextView) -> ContextChange | None:
+        assert isinstance(run, AgentRun), "the loop hands its own run as the view"
         action = self.actions.pop(run.turns + 1, None)
-        if action is not None:
-            await action(run)
+        return None if action is None else await action(run)
 
 
-async def compact(run: AgentRun) -> None:
-    """A minimal compaction as the compaction feature does it: boundary, context, snapshot.
-
-    Keeps the last assistant/user pair after a summary message.
+async def compact(run: AgentRun) -> ContextChange:
+    """A minimal compaction as the compaction feature does it: a boundary whose context
+    keeps the last assistant/user pair after a summary message; the loop commits it and
+    rebuilds the snapshot.
     """
     kept = run.context[-2:]
     summary = Message.user("<summary>Earlier steps were summarized.</summary>")
     first_kept = run.next_seq - len(kept)
-    await run.env.store.add_boundary(
-        BoundaryRecord(
-            run_id=run.id,
-            kind="compaction",
-            prefix=messages_to_json([summary]),
-            ranges=json.dumps([[first_kept, None]]),
-            created=time.time(),
-            strategy="window",
-        )
+    boundary = BoundaryRecord(
+        run_id=run.id,
+        kind="compaction",
+        prefix=messages_to_json([summary]),
+        ranges=json.dumps([[first_kept, None]]),
+        created=time.time(),
+        strategy="window",
     )
-    run.replace_context([summary, *kept])
-    await run.save_snapshot(*run.build_prompt(), reason="compaction")
+    commit = BoundaryCommit(boundary, context=(summary, *kept), next_seq=run.next_seq)
+    return ContextChange(commits=(commit,), rebuild_prompt=True)

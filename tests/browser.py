@@ -85,5 +85,3 @@ def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
             pixels.extend(bytes(line[x : x + bpp]) for x in range(0, stride, bpp * 4))
         prev = line
     return width, height, pixels
-
-

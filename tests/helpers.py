@@ -93,6 +93,8 @@ def kill_9_once_marked(process: subprocess.Popen[str], marker: Path, what: str) 
         if process.poll() is None:
             process.kill()
     assert process.returncode == -signal.SIGKILL
+
+
 async def run_until(rt: Runtime, agent: Agent, task: str, reached: anyio.Event) -> str:
     """Start ``agent`` on ``task``, cancel the run once ``reached`` is set (as a Ctrl-C
     would), and return the session id, left interrupted."""

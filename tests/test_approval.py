@@ -177,7 +177,6 @@ async def test_approve_validates_its_input(tmp_path: Path) -> None:
         with pytest.raises(UserError):
             await rt.approve("ses_missing", "toolu_x")
     with pytest.raises(ToolDefinitionError):
-
         not_a_decision: Any = "yes"
 
         @tool(needs_approval=not_a_decision)

@@ -14,6 +14,8 @@ from anabranch.cli import main
 from anabranch.errors import ModelConnectionError
 from anabranch.messages import ModelRequest
 from anabranch.models._retry import RetryPolicy
+from anabranch.runtime._context_view import ContextChange
+from anabranch.runtime._loop import AgentRun
 from anabranch.runtime._recall import PREVENTIVE_NOTE
 from anabranch.testing import FunctionModel
 
@@ -142,10 +144,10 @@ async def test_snapshot_is_rebuilt_after_compaction_and_kept_on_resume(
     worker = agent(workspace=workspace, include_date=True)
     model = tool_loop(4)
 
-    async def change_then_compact(run: object) -> None:
+    async def change_then_compact(run: AgentRun) -> ContextChange:
         (workspace / "MEMORY.md").write_text("- learned during the run\n")
         clock[0] = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
-        await compact(run)  # type: ignore[arg-type]
+        return await compact(run)
 
     pipeline = ScriptedPipeline({3: change_then_compact})
     db = tmp_path / "a.db"

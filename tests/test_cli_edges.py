@@ -309,7 +309,7 @@ def test_a_database_naming_a_file_of_someone_elses_choosing_is_refused(tmp_path:
 
 
 FAILING_GRAPH = textwrap.dedent(
-    '''
+    """
     from anabranch import Agent, Graph, Task
     from anabranch.testing import TestModel
 
@@ -334,7 +334,7 @@ FAILING_GRAPH = textwrap.dedent(
             Task(id="write", agent=writer, prompt="Write.", depends_on=["research"]),
         ]
     )
-    '''
+    """
 )
 
 

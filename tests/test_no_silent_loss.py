@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -110,7 +111,8 @@ async def _check(
                 await rt.store.save_spill(spill.handle, run.id, spill.call_id, spill.content)
             run.context = list(stubbed)
         before = list(run.context)
-        outcome = await env.pipeline.compact(run, trigger="manual", level=level)  # type: ignore[attr-defined]
+        compact = partial(env.pipeline.compact, trigger="manual", level=level)  # type: ignore[attr-defined]
+        outcome = await run.pipeline_step(compact)
         after = list(run.context)
         if not outcome.applied:
             assert after == before

@@ -25,6 +25,7 @@ from anabranch.messages import (
 )
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._context_view import ContextView, Ingested
 from anabranch.runtime._loop import INTERRUPTED_REPORT, AgentRun
 from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.testing import FunctionModel
@@ -241,10 +242,10 @@ class StopBeforeResults(PassThroughPipeline):
     def __init__(self) -> None:
         self.reached = anyio.Event()
 
-    async def ingest(self, run: AgentRun, call: ToolUseBlock, outcome: ToolOutcome) -> ToolOutcome:
+    async def ingest(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
         self.reached.set()
         await anyio.sleep_forever()
-        return outcome  # pragma: no cover
+        return Ingested(outcome)  # pragma: no cover
 
 
 async def test_finished_tools_never_run_again(db: Db) -> None:
@@ -379,7 +380,8 @@ class Probe(PassThroughPipeline):
         self.seen: list[tuple[int, Any, int]] = []
         self.reached = anyio.Event()
 
-    async def before_call(self, run: AgentRun) -> None:
+    async def before_call(self, run: ContextView) -> None:
+        assert isinstance(run, AgentRun)
         self.seen.append((run.context_tokens, run.last_usage, len(run.appended_since_usage)))
         if len(self.seen) == self.stop_on:
             self.reached.set()

@@ -12,7 +12,7 @@ from anabranch import Agent, ContextPolicy, Runtime, SpawnLimits, tool
 from anabranch.context._pairing import pairing_violations
 from anabranch.errors import ModelAPIError
 from anabranch.messages import ModelRequest, TextBlock
-from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._context_view import ContextView
 from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.runtime._spawn import fork_definition
 from anabranch.testing import TestModel
@@ -408,7 +408,7 @@ class _WindowRecorder(PassThroughPipeline):
     def __init__(self) -> None:
         self.seen: dict[str, tuple[int, int]] = {}
 
-    async def before_call(self, run: AgentRun) -> None:
+    async def before_call(self, run: ContextView) -> None:
         self.seen[run.agent.name] = (run.agent.context.window, run.threshold)
 
 

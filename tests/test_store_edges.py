@@ -56,9 +56,23 @@ def test_several_processes_creating_one_new_database_all_succeed(tmp_path: Path)
     count = 6
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", AT_ONCE, str(go), str(tmp_path / f"ready{i}"),
-             "run", AGENT, f"task {i}", "--offline", "--db", str(db)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+            [
+                sys.executable,
+                "-c",
+                AT_ONCE,
+                str(go),
+                str(tmp_path / f"ready{i}"),
+                "run",
+                AGENT,
+                f"task {i}",
+                "--offline",
+                "--db",
+                str(db),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
         )  # fmt: skip
         for i in range(count)
     ]

@@ -35,6 +35,7 @@ class GatedRun(RunView, Protocol):
     @property
     def events(self) -> RunEvents: ...
 
+
 __all__ = [
     "APPROVAL_DECIDED",
     "APPROVAL_REQUESTED",

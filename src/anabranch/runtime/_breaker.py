@@ -5,6 +5,9 @@ row opens it. While open, compactions use the fallback (the ``window`` strategy,
 needs no model and leaves an explicit note of what it dropped). After ``COOL_DOWN``
 fallback compactions it is **half-open**: the configured strategy is tried again; success
 closes it, failure opens it again (a new breaker row) and the fallback applies at once.
+
+Every function here is pure over a list of boundary rows (the stored ones and those a
+compaction step is about to commit): the rows to add are returned, never written.
 """
 
 from __future__ import annotations
@@ -12,26 +15,23 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from opentelemetry.trace import Span
 
-from anabranch.errors import CompactionFailedError
+from anabranch.runtime._context_view import ContextView
+from anabranch.runtime._history import boundary_extra
 from anabranch.store import BoundaryRecord
-
-if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun
 
 __all__ = [
     "COOL_DOWN",
     "BreakerState",
     "breaker_open",
     "breaker_state",
-    "check_breaker",
+    "breaker_record",
+    "breaker_verdict",
     "consecutive_failures",
-    "fail_run",
-    "open_breaker",
-    "record_failure",
+    "failure_record",
 ]
 
 _log = logging.getLogger("anabranch.compaction")
@@ -40,11 +40,6 @@ COOL_DOWN = 3
 """Fallback compactions before the configured strategy is tried again."""
 
 BreakerState = Literal["closed", "open", "half-open"]
-
-
-def _extra(boundary: BoundaryRecord) -> dict[str, object]:
-    data = json.loads(boundary.extra) if boundary.extra else {}
-    return data if isinstance(data, dict) else {}
 
 
 def consecutive_failures(boundaries: list[BoundaryRecord]) -> int:
@@ -59,7 +54,7 @@ def consecutive_failures(boundaries: list[BoundaryRecord]) -> int:
             break
         if boundary.kind != "compaction":
             continue
-        if boundary.status == "ok" and not _extra(boundary).get("ineffective"):
+        if boundary.status == "ok" and not boundary_extra(boundary).get("ineffective"):
             break
         count += 1
     return count
@@ -74,7 +69,7 @@ def breaker_state(boundaries: list[BoundaryRecord]) -> BreakerState:
         if boundary.kind == "breaker":
             return "half-open" if fallbacks >= COOL_DOWN else "open"
         if boundary.kind == "compaction" and boundary.status == "ok":
-            extra = _extra(boundary)
+            extra = boundary_extra(boundary)
             if not extra.get("degraded") and not extra.get("ineffective"):
                 return "closed"
             fallbacks += bool(extra.get("degraded"))
@@ -86,71 +81,62 @@ def breaker_open(boundaries: list[BoundaryRecord]) -> bool:
     return breaker_state(boundaries) != "closed"
 
 
-async def record_failure(
-    run: AgentRun,
-    span: Span,
+def failure_record(
+    run: ContextView,
     strategy: str,
     trigger: str,
     tokens_before: int,
     started: float,
     failure: str,
     details: dict[str, Any],
-) -> None:
+) -> BoundaryRecord:
+    """The boundary row of a failed compaction attempt."""
     details.pop("summary", None)
     details.pop("manifest", None)
-    await run.env.store.add_boundary(
-        BoundaryRecord(
-            run_id=run.id,
-            kind="compaction",
-            prefix="[]",
-            ranges="[]",
-            created=time.time(),
-            strategy=strategy,
-            trigger=trigger,
-            tokens_before=tokens_before,
-            messages_before=len(run.context),
-            model=details.pop("model", None),
-            duration=time.monotonic() - started,
-            status="failed",
-            error=failure,
-            extra=json.dumps(details),
-        )
-    )
     _log.warning("compaction of %s (run %s) failed: %s", run.agent.name, run.id, failure)
-    await check_breaker(run, span=span, failure=failure)
+    return BoundaryRecord(
+        run_id=run.id,
+        kind="compaction",
+        prefix="[]",
+        ranges="[]",
+        created=time.time(),
+        strategy=strategy,
+        trigger=trigger,
+        tokens_before=tokens_before,
+        messages_before=len(run.context),
+        model=details.pop("model", None),
+        duration=time.monotonic() - started,
+        status="failed",
+        error=failure,
+        extra=json.dumps(details),
+    )
 
 
-async def check_breaker(run: AgentRun, *, span: Span | None, failure: str) -> None:
-    """Open the breaker when failures reach the policy's limit (once), then apply it."""
+def breaker_verdict(
+    run: ContextView, boundaries: list[BoundaryRecord], *, span: Span | None, failure: str
+) -> tuple[BoundaryRecord | None, str | None]:
+    """After a failure: the breaker row to add (when failures reach the policy's limit and
+    it is closed), and why the run must fail (policy ``"fail"``), if it must."""
     policy = run.agent.context
-    boundaries = await run.env.store.list_boundaries(run_id=run.id)
     failures = consecutive_failures(boundaries)
     if failures < policy.max_compaction_failures:
-        return
+        return None, None
+    opened = None
     if breaker_state(boundaries) == "closed":
-        await open_breaker(run, span, failure, failures=failures)
-    if policy.on_compaction_failure == "fail":
-        await fail_run(
-            run,
-            f"compaction circuit breaker open for agent {run.agent.name!r} (run {run.id}): "
-            f"{failures} failures in a row; last: {failure}",
-        )
-
-
-async def open_breaker(run: AgentRun, span: Span | None, failure: str, *, failures: int) -> None:
-    policy = run.agent.context
-    await run.env.store.add_boundary(
-        BoundaryRecord(
-            run_id=run.id,
-            kind="breaker",
-            prefix="[]",
-            ranges="[]",
-            created=time.time(),
-            status="open",
-            error=failure,
-            extra=json.dumps({"failures": failures, "policy": policy.on_compaction_failure}),
-        )
+        opened = breaker_record(run, span, failure, failures=failures)
+    if policy.on_compaction_failure != "fail":
+        return opened, None
+    return opened, (
+        f"compaction circuit breaker open for agent {run.agent.name!r} (run {run.id}): "
+        f"{failures} failures in a row; last: {failure}"
     )
+
+
+def breaker_record(
+    run: ContextView, span: Span | None, failure: str, *, failures: int
+) -> BoundaryRecord:
+    """The row that opens the breaker (logged, and an event on ``span``)."""
+    policy = run.agent.context
     _log.warning(
         "compaction circuit breaker open for agent %r (run %s): %d failures in a row; "
         "last: %s; policy %r",
@@ -161,15 +147,18 @@ async def open_breaker(run: AgentRun, span: Span | None, failure: str, *, failur
         policy.on_compaction_failure,
     )
     if span is not None:
-        run.env.tracing.event(
+        run.tracing.event(
             span,
             "compaction.breaker_open",
             {"failures": failures, "policy": policy.on_compaction_failure},
         )
-
-
-async def fail_run(run: AgentRun, message: str) -> None:
-    await run.env.store.finish_run(run.id, "failed", error=message)
-    error = CompactionFailedError(message)
-    error.session_id = run.env.session_id
-    raise error
+    return BoundaryRecord(
+        run_id=run.id,
+        kind="breaker",
+        prefix="[]",
+        ranges="[]",
+        created=time.time(),
+        status="open",
+        error=failure,
+        extra=json.dumps({"failures": failures, "policy": policy.on_compaction_failure}),
+    )

@@ -81,14 +81,10 @@ async def open_run(
             mode=mode,
             snapshot=snapshot,
         )
-    if await env.store.latest_snapshot(existing.id) is None:
-        partial = AgentRun(env, agent, existing)
-        system, tools = snapshot if snapshot is not None else partial.build_prompt()
-        await partial.save_snapshot(system, tools, reason="start")
-    run = await AgentRun.load(env, agent, existing)
-    if not run.context:
-        await run.append(*([Message.user(task)] if isinstance(task, str) else task))
-    return run
+    first = [Message.user(task)] if isinstance(task, str) else list(task)
+    return await AgentRun.load(
+        env, agent, existing, missing=("start", first), snapshot_if_missing=snapshot
+    )
 
 
 def _describe(error: BaseException) -> str:

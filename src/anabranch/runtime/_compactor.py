@@ -20,17 +20,20 @@ originals, not stubs. Every boundary records a loss manifest (``context.digest``
 
 Every change is a boundary row (see ``context.layout``); the original messages are never
 touched, and ``recall`` reaches all of them.
+
+**A view in, a change out.** The pipeline reads the run through ``ContextView`` and
+returns a ``ContextChange`` (boundaries with their rows, spills and the context they leave);
+the loop commits it. Within one step, later decisions see the earlier ones through a
+``CompactionStep`` (see ``runtime._compaction_step``).
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import time
-import weakref
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
 from opentelemetry.trace import Span
 
@@ -46,41 +49,39 @@ from anabranch.context._compaction import (
     verbatim_context,
     windowed_context,
 )
-from anabranch.context._content import (
-    attachments_handle,
-    attachments_to_json,
-    content_violations,
-    drop_thinking,
+from anabranch.context._content import content_violations, drop_thinking
+from anabranch.context._digest import (
+    Manifest,
+    dropped_note,
+    handles_line,
+    manifest,
+    named_seqs,
 )
-from anabranch.context._digest import dropped_note, handles_line, manifest, named_seqs
-from anabranch.context._layout import encode_layout, expand_ranges
 from anabranch.context._tokens import estimate_messages, estimate_request
 from anabranch.context._transcript import chars_for_tokens
 from anabranch.errors import PromptTooLongError
-from anabranch.messages import (
-    Message,
-    ModelRequest,
-    ModelResponse,
-    ToolUseBlock,
-    messages_to_json,
-)
+from anabranch.messages import Message, ModelRequest, ModelResponse, ToolUseBlock
 from anabranch.runtime._breaker import (
     breaker_open,
+    breaker_record,
     breaker_state,
-    check_breaker,
+    breaker_verdict,
     consecutive_failures,
-    fail_run,
-    open_breaker,
-    record_failure,
+    failure_record,
 )
 from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._compaction_step import CompactionStep, boundary_commit
+from anabranch.runtime._context_view import (
+    CompactionOutcome,
+    ContextChange,
+    ContextView,
+    Ingested,
+    SpillWrite,
+)
 from anabranch.runtime._head import context_text, handles_in, originals, previous_summary
 from anabranch.runtime._limits import ChannelLimits
+from anabranch.runtime._run_prompt import with_breakpoints
 from anabranch.runtime._summarizer import SummarizerFailed, summarize
-from anabranch.store import BoundaryRecord
-
-if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun
 
 __all__ = ["CompactingPipeline", "CompactionOutcome", "breaker_open", "consecutive_failures"]
 
@@ -98,17 +99,12 @@ KEEP_NOTHING_LEVEL = 2
 """Reactive level from which nothing is kept verbatim: the whole context is summarized."""
 
 
+WARNED = 10_000
+"""Runs remembered as warned of a too-small window (the oldest forgotten first)."""
+
+
 class _CompactionError(Exception):
     """A compaction attempt could not produce a valid context."""
-
-
-@dataclass(frozen=True)
-class CompactionOutcome:
-    """What one compaction attempt did."""
-
-    applied: bool
-    boundary_id: int | None = None
-    failure: str | None = None
 
 
 def summary_max_tokens(threshold: int, agent_max_tokens: int) -> int:
@@ -131,13 +127,13 @@ class CompactingPipeline:
     def __init__(self, *, max_reactive_attempts: int = 3) -> None:
         self.max_reactive_attempts = max_reactive_attempts
         self.limits = ChannelLimits()
-        self._warned: weakref.WeakSet[AgentRun] = weakref.WeakSet()
+        self._warned: dict[str, None] = {}
 
-    def window(self, run: AgentRun) -> int:
+    def window(self, run: ContextView) -> int:
         """The run's window: its policy's, or less if its channel said so."""
         return self.limits.window(run)
 
-    def threshold(self, run: AgentRun) -> int:
+    def threshold(self, run: ContextView) -> int:
         """Where compaction starts for ``run`` (see ``window``)."""
         learned = self.limits.get(run)
         if learned is None:
@@ -147,7 +143,7 @@ class CompactingPipeline:
         return min(run.threshold, int(window * policy.compact_at), window - policy.reserve)
 
     # ------------------------------------------------------------------ pipeline
-    async def ingest(self, run: AgentRun, call: ToolUseBlock, outcome: ToolOutcome) -> ToolOutcome:
+    async def ingest(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
         policy = run.agent.context
         handle = spill_handle(run.id, call.id)
         text = preview(
@@ -158,113 +154,132 @@ class CompactingPipeline:
             handle=handle,
         )
         if text is None:
-            return outcome
-        await run.env.store.save_spill(handle, run.id, call.id, outcome.content)
-        return replace(outcome, content=text)  # images and documents stay whole
+            return Ingested(outcome)
+        # images and documents stay whole
+        spill = SpillWrite(handle, call.id, outcome.content)
+        return Ingested(replace(outcome, content=text), (spill,))
 
-    async def before_call(self, run: AgentRun) -> None:
+    async def before_call(self, run: ContextView) -> ContextChange | None:
         await self.limits.prepare(run)
         policy = run.agent.context
+        step = CompactionStep(run)
         if (
             policy.clear_tool_results_after is not None
-            and run.context_tokens > self.window(run) * policy.clear_at
+            and step.context_tokens > self.window(step) * policy.clear_at
         ):
-            await self.clear(run)
-        if run.context_tokens >= self.threshold(run):
-            await self.compact(run, trigger="auto")
+            await self._clear(step)
+        if step.context_tokens >= self.threshold(step):
+            return await self._compact(step, trigger="auto")
+        return step.change()
 
     async def on_prompt_too_long(
-        self, run: AgentRun, error: PromptTooLongError, attempt: int
-    ) -> bool:
+        self, run: ContextView, error: PromptTooLongError, attempt: int
+    ) -> ContextChange | None:
         await self.limits.learn(run, error)
         if attempt > self.max_reactive_attempts:
-            return False
-        outcome = await self.compact(run, trigger="reactive", level=attempt)
-        return outcome.applied
+            return None
+        return await self.compact(run, trigger="reactive", level=attempt)
+
+    async def clear(self, run: ContextView) -> ContextChange:
+        """Stub old tool results (keeping the last K), if that frees enough tokens."""
+        step = CompactionStep(run)
+        await self._clear(step)
+        return step.change()
+
+    async def compact(
+        self, run: ContextView, *, trigger: str = "manual", level: int = 0
+    ) -> ContextChange:
+        """Compact ``run``'s context now with its policy's strategy.
+
+        ``level`` > 0 keeps fewer messages (reactive retries). Returns what to commit;
+        its ``fail_run`` is set when the breaker opens under policy ``"fail"``.
+        """
+        return await self._compact(CompactionStep(run), trigger=trigger, level=level)
 
     # ------------------------------------------------------------------ clearing
-    async def clear(self, run: AgentRun) -> CompactionOutcome:
-        """Stub old tool results (keeping the last K), if that frees enough tokens."""
-        policy = run.agent.context
+    async def _clear(self, step: CompactionStep) -> None:
+        policy = step.agent.context
         keep = policy.clear_tool_results_after or 0
-        rebuilt = cleared_context(run.context, keep_last=keep, run_id=run.id)
-        freed = estimate_messages(run.context) - estimate_messages(rebuilt.messages)
+        rebuilt = cleared_context(step.context, keep_last=keep, run_id=step.id)
+        freed = estimate_messages(step.context) - estimate_messages(rebuilt.messages)
         if not rebuilt.spills or freed < policy.window * MIN_CLEAR_FRACTION:
-            return CompactionOutcome(applied=False)
+            return
         started = time.monotonic()
-        before = (run.context_tokens, len(run.context))
-        with run.env.tracing.compact_span(
-            agent=run.agent.name,
-            run_id=run.id,
-            session_id=run.env.session_id,
+        before = (step.context_tokens, len(step.context))
+        with step.tracing.compact_span(
+            agent=step.agent.name,
+            run_id=step.id,
+            session_id=step.session_id,
             trigger="soft",
             strategy="clear",
         ) as span:
-            boundary_id = await self._apply(
-                run,
+            commit, seqs = boundary_commit(
+                step,
                 rebuilt,
-                await self._context_seqs(run),
+                await step.context_seqs(),
                 kind="clear",
                 strategy="clear",
                 trigger="soft",
                 tokens_before=before[0],
                 started=started,
+                threshold=self.threshold(step),
             )
-            self._span_result(span, run, before, started, kept=len(run.context))
-        return CompactionOutcome(applied=True, boundary_id=boundary_id)
+            step.apply(commit, seqs, rebuild=False)
+            self._span_result(span, step, before, started, kept=len(step.context))
 
     # ------------------------------------------------------------------ compaction
-    async def compact(
-        self, run: AgentRun, *, trigger: str = "manual", level: int = 0
-    ) -> CompactionOutcome:
-        """Compact ``run``'s context now with its policy's strategy.
-
-        ``level`` > 0 keeps fewer messages (reactive retries). Returns what happened;
-        raises ``CompactionFailedError`` when the breaker opens under policy ``"fail"``.
-        """
-        policy = run.agent.context
-        state = breaker_state(await run.env.store.list_boundaries(run_id=run.id))
+    async def _compact(
+        self, step: CompactionStep, *, trigger: str, level: int = 0
+    ) -> ContextChange:
+        policy = step.agent.context
+        state = breaker_state(await step.boundaries())
         if state == "open" and policy.on_compaction_failure == "fail":
-            await fail_run(run, "the compaction circuit breaker is open")
+            return step.change(fail_run="the compaction circuit breaker is open")
         strategy = "window" if state == "open" else policy.strategy
-        outcome = await self._attempt(run, strategy, trigger, level, degraded=state == "open")
-        if outcome.failure is not None and state == "half-open" and strategy != "window":
+        failure, fail = await self._attempt(
+            step, strategy, trigger, level, degraded=state == "open"
+        )
+        if fail is not None:
+            return step.change(failure=failure, fail_run=fail)
+        if failure is not None and state == "half-open" and strategy != "window":
             # the retry after the cool-down failed: open again, and fall back right away
-            await open_breaker(run, None, outcome.failure, failures=1)
+            step.record(breaker_record(step, None, failure, failures=1))
             if policy.on_compaction_failure == "fail":
-                await fail_run(run, f"compaction failed again: {outcome.failure}")
-            outcome = await self._attempt(run, "window", trigger, level, degraded=True)
-        return outcome
+                return step.change(failure=failure, fail_run=f"compaction failed again: {failure}")
+            failure, fail = await self._attempt(step, "window", trigger, level, degraded=True)
+        return step.change(failure=failure, fail_run=fail)
 
     async def _attempt(
-        self, run: AgentRun, strategy: str, trigger: str, level: int, *, degraded: bool
-    ) -> CompactionOutcome:
+        self, step: CompactionStep, strategy: str, trigger: str, level: int, *, degraded: bool
+    ) -> tuple[str | None, str | None]:
+        """One attempt, decided into ``step``: (why it did not apply, why the run fails)."""
         started = time.monotonic()
-        before = (run.context_tokens, len(run.context))
-        with run.env.tracing.compact_span(
-            agent=run.agent.name,
-            run_id=run.id,
-            session_id=run.env.session_id,
+        before = (step.context_tokens, len(step.context))
+        with step.tracing.compact_span(
+            agent=step.agent.name,
+            run_id=step.id,
+            session_id=step.session_id,
             trigger=trigger,
             strategy=strategy,
         ) as span:
             details: dict[str, Any] = {"level": level, "degraded": degraded}
             try:
-                seqs = await self._context_seqs(run)
-                rebuilt = await self._rebuild(run, strategy, trigger, level, seqs, details)
+                seqs = await step.context_seqs()
+                decided = await self._rebuild(step, strategy, trigger, level, seqs, details)
             except Exception as exc:
                 own = isinstance(exc, _CompactionError | SummarizerFailed)
                 error = str(exc) if own else f"{type(exc).__name__}: {exc}"
-                self._span_result(span, run, before, started, kept=None, failure=error)
-                await record_failure(
-                    run, span, strategy, trigger, before[0], started, error, details
+                self._span_result(span, step, before, started, kept=None, failure=error)
+                step.record(
+                    failure_record(step, strategy, trigger, before[0], started, error, details)
                 )
-                return CompactionOutcome(applied=False, failure=error)
-            if rebuilt is None:  # would free too little: not worth a cache break
-                self._span_result(span, run, before, started, kept=None)
-                return CompactionOutcome(applied=False)
-            found = details.get("manifest") or {}
-            run.env.tracing.compaction_manifest(
+                return error, self._verdict(step, await step.boundaries(), span, error)
+            if decided is None:  # would free too little: not worth a cache break
+                self._span_result(span, step, before, started, kept=None)
+                return None, None
+            rebuilt, loss = decided
+            found = manifest_of(details)
+            step.tracing.compaction_manifest(
                 span,
                 removed=len(found.get("removed_messages", ())),
                 tool_calls=len(found.get("tool_calls", ())),
@@ -272,8 +287,8 @@ class CompactingPipeline:
                 missing=len(found.get("missing", ())),
                 inferred=len(found.get("inferred", ())),
             )
-            boundary_id = await self._apply(
-                run,
+            commit, new_seqs = boundary_commit(
+                step,
                 rebuilt,
                 seqs,
                 kind="compaction",
@@ -281,29 +296,41 @@ class CompactingPipeline:
                 trigger=trigger,
                 tokens_before=before[0],
                 started=started,
+                threshold=self.threshold(step),
                 details=details,
+                manifest=loss,
             )
+            step.apply(commit, new_seqs, rebuild=True)
             ineffective = bool(details.get("ineffective"))
             failure = "ineffective: still above the threshold" if ineffective else None
-            self._span_result(span, run, before, started, kept=rebuilt.kept, failure=failure)
+            self._span_result(span, step, before, started, kept=rebuilt.kept, failure=failure)
             _log.info(
                 "compacted %s (%s, %s): %d -> %d tokens",
-                run.agent.name,
+                step.agent.name,
                 strategy,
                 trigger,
                 before[0],
-                run.context_tokens,
+                step.context_tokens,
             )
+            fail = None
             if failure is not None:
-                self._warn_too_small(run)
-                await check_breaker(run, span=span, failure=failure)
-        await run.rebuild_snapshot("compaction")
-        return CompactionOutcome(applied=True, boundary_id=boundary_id)
+                self._warn_too_small(step)
+                fail = self._verdict(step, await step.boundaries(), span, failure)
+        return None, fail
+
+    def _verdict(
+        self, step: CompactionStep, boundaries: list[Any], span: Span, failure: str
+    ) -> str | None:
+        """Open the breaker in ``step`` when failures reach the limit; why the run fails."""
+        opened, fail = breaker_verdict(step, boundaries, span=span, failure=failure)
+        if opened is not None:
+            step.record(opened)
+        return fail
 
     def _span_result(
         self,
         span: Span,
-        run: AgentRun,
+        step: CompactionStep,
         before: tuple[int, int],
         started: float,
         *,
@@ -312,18 +339,18 @@ class CompactingPipeline:
     ) -> None:
         """Record the outcome on the compact span (``kept=None``: nothing was applied)."""
         applied = kept is not None
-        run.env.tracing.compaction_result(
+        step.tracing.compaction_result(
             span,
             tokens_before=before[0],
-            tokens_after=run.context_tokens if applied else None,
+            tokens_after=step.context_tokens if applied else None,
             messages_before=before[1],
-            messages_after=len(run.context) if applied else None,
+            messages_after=len(step.context) if applied else None,
             kept=kept,
             duration=time.monotonic() - started,
             failure=failure,
         )
 
-    def _tail_budget(self, run: AgentRun, level: int) -> int:
+    def _tail_budget(self, run: ContextView, level: int) -> int:
         """Tokens the kept tail may hold (``keep_recent_tokens``, or a share of the room)."""
         room = max(0, self.threshold(run) - self._fixed_tokens(run))
         budget = run.agent.context.keep_recent_tokens
@@ -332,40 +359,41 @@ class CompactingPipeline:
 
     async def _rebuild(
         self,
-        run: AgentRun,
+        step: CompactionStep,
         strategy: str,
         trigger: str,
         level: int,
         seqs: list[int | None],
         details: dict[str, Any],
-    ) -> Rebuilt | None:
-        policy = run.agent.context
+    ) -> tuple[Rebuilt, Manifest | None] | None:
+        policy = step.agent.context
         nothing = level >= KEEP_NOTHING_LEVEL
         split = choose_split(
-            run.context,
+            step.context,
             keep_recent=0 if nothing else policy.keep_recent >> level,
-            max_tail_tokens=0 if nothing else self._tail_budget(run, level),
+            max_tail_tokens=0 if nothing else self._tail_budget(step, level),
             empty_tail=True,
         )
         if split is None:
-            return self._stub_only(run, level)
+            stubbed = self._stub_only(step, level)
+            return stubbed, None
         head_seqs = seqs[: len(split.head)]
         # what an earlier opening in the head stood for stays named in the new one
         earlier = named_seqs(previous_summary(split.head))
         named = sorted({*earlier, *(s for s in head_seqs if s is not None)})
-        if trigger == "auto" and self._frees_too_little(run, split):
+        if trigger == "auto" and self._frees_too_little(step, split):
             return None
-        head = await originals(run, split.head)
-        instructions = await self._pre_compact_hook(run, split, strategy, trigger)
+        head = await originals(step.store, step.id, split.head, step.pending_spills())
+        instructions = await self._pre_compact_hook(step, split, strategy, trigger)
         handles = handles_in(split.head)
         if strategy == "summarize":
-            result = await self._summarize(run, head, head_seqs, instructions)
+            result = await self._summarize(step, head, head_seqs, instructions)
             details["model"] = result.model
             details["summary"] = result.summary
             details["usage"] = result.usage.model_dump(mode="json")
             details["summary_parts"] = result.parts
             details["summary_requests"] = len(result.requests)
-            listed = handles_line(named, handles, self._note_chars(run))
+            listed = handles_line(named, handles, self._note_chars(step))
             rebuilt = summarized_context(split, result.summary, listed)
             found = manifest(
                 split.head,
@@ -376,31 +404,31 @@ class CompactingPipeline:
                 summary=result.summary,
             )
         elif strategy == "verbatim":
-            rebuilt = verbatim_context(split, run.id)
+            rebuilt = verbatim_context(split, step.id)
             handles += [spill.handle for spill in rebuilt.spills]
             found = manifest(split.head, head_seqs, context_text(rebuilt.messages), handles=handles)
         else:
-            spilled = cleared_context(split.head, keep_last=0, run_id=run.id).spills
+            spilled = cleared_context(split.head, keep_last=0, run_id=step.id).spills
             handles += [spill.handle for spill in spilled]
-            note = dropped_note(split.head, named, handles, self._note_chars(run))
+            note = dropped_note(split.head, named, handles, self._note_chars(step))
             rebuilt = windowed_context(split, note)
             rebuilt = Rebuilt(rebuilt.messages, rebuilt.sources, rebuilt.kept, spilled)
             found = manifest(split.head, head_seqs, context_text(rebuilt.messages), handles=handles)
         details["manifest"] = found.as_dict()
         problems = context_violations(rebuilt.messages)
         problems += content_violations(
-            run.context, rebuilt.messages, thinking=run.agent.model_settings.thinking
+            step.context, rebuilt.messages, thinking=step.agent.model_settings.thinking
         )
         if problems:
             raise _CompactionError("invalid compacted context: " + "; ".join(problems))
-        return rebuilt
+        return rebuilt, found
 
-    def _note_chars(self, run: AgentRun) -> int:
+    def _note_chars(self, run: ContextView) -> int:
         """Room for a note of what was replaced: a tenth of the messages' room."""
         room = max(0, self.threshold(run) - self._fixed_tokens(run))
         return max(200, chars_for_tokens(room // 10))
 
-    def _frees_too_little(self, run: AgentRun, split: Split) -> bool:
+    def _frees_too_little(self, run: ContextView, split: Split) -> bool:
         """A proactive compaction of ``split`` would free under ``MIN_FREE_FRACTION``."""
         window = self.window(run)
         head = estimate_messages(split.head)
@@ -409,11 +437,13 @@ class CompactingPipeline:
             return False  # must compact whatever it frees
         return head - head // 4 < window * MIN_FREE_FRACTION
 
-    def _warn_too_small(self, run: AgentRun) -> None:
+    def _warn_too_small(self, run: ContextView) -> None:
         """Say once per run that its window cannot hold one turn after its prompt."""
-        if run in self._warned:
+        if run.id in self._warned:
             return
-        self._warned.add(run)
+        self._warned[run.id] = None
+        if len(self._warned) > WARNED:
+            del self._warned[next(iter(self._warned))]
         policy = run.agent.context
         fixed = self._fixed_tokens(run)
         last = estimate_messages(run.context[-2:])
@@ -430,7 +460,7 @@ class CompactingPipeline:
             self.threshold(run),
         )
 
-    def _stub_only(self, run: AgentRun, level: int) -> Rebuilt:
+    def _stub_only(self, run: ContextView, level: int) -> Rebuilt:
         """No turn left to cut: a reactive retry can still stub the kept tool results."""
         if not level:
             raise _CompactionError("nothing to compact: no turn boundary to cut at")
@@ -440,14 +470,14 @@ class CompactingPipeline:
         return rebuilt
 
     async def _pre_compact_hook(
-        self, run: AgentRun, split: Split, strategy: str, trigger: str
+        self, run: ContextView, split: Split, strategy: str, trigger: str
     ) -> str | None:
         policy = run.agent.context
         if policy.on_compact is None:
             return None
         event = CompactionEvent(
             agent=run.agent.name,
-            session_id=run.env.session_id,
+            session_id=run.session_id,
             run_id=run.id,
             trigger=trigger,
             strategy=strategy,
@@ -463,14 +493,14 @@ class CompactingPipeline:
         return result if isinstance(result, str) else None
 
     # ------------------------------------------------------------------ summarizer
-    def _fixed_tokens(self, run: AgentRun) -> int:
+    def _fixed_tokens(self, run: ContextView) -> int:
         """Estimated tokens of the system prompt and tool definitions."""
         empty = ModelRequest(model=run.agent.model, system=run.system, tools=run.tools, messages=())
         return estimate_request(empty)
 
     async def _summarize(
         self,
-        run: AgentRun,
+        run: ContextView,
         head: tuple[Message, ...],
         seqs: list[int | None],
         instructions: str | None,
@@ -486,14 +516,15 @@ class CompactingPipeline:
         budget = window - max_tokens - self._fixed_tokens(run) - window // 20
 
         def build(model: str, messages: list[Message]) -> ModelRequest:
-            return run.with_breakpoints(
+            return with_breakpoints(
+                run.agent,
                 ModelRequest(
                     model=model,
                     system=run.system,
                     tools=run.tools,
                     messages=tuple(messages),
                     max_tokens=max_tokens,
-                )
+                ),
             )
 
         # the summarizer does not think: earlier thinking is omitted, never altered
@@ -508,93 +539,18 @@ class CompactingPipeline:
             max_summary_tokens=max_tokens,
         )
 
-    async def _call(self, run: AgentRun, request: ModelRequest) -> ModelResponse:
-        """One summarizer call, retried like any model call, traced as a child span."""
-
-        async def attempt(n: int) -> ModelResponse:
-            return await run.request_once(request, attempt=n, purpose="compaction")
-
+    async def _call(self, run: ContextView, request: ModelRequest) -> ModelResponse:
+        """One summarizer call (the run's summarizer retries and traces it)."""
         try:
-            return await run.with_retries(attempt)
+            return await run.call_summarizer(request)
         except PromptTooLongError as exc:  # teach the channel's limit, then smaller parts
             await self.limits.learn(
                 run, exc, model=request.model, estimate=estimate_request(request)
             )
             raise
 
-    # ------------------------------------------------------------------ store
-    async def _context_seqs(self, run: AgentRun) -> list[int | None]:
-        """The stored seq of every message in ``run.context`` (``None``: derived)."""
-        boundary = await run.env.store.latest_boundary(run.id)
-        if boundary is None:
-            seqs: list[int | None] = list(range(run.next_seq))
-        else:
-            prefix = json.loads(boundary.prefix)
-            seqs = expand_ranges(len(prefix), json.loads(boundary.ranges), run.next_seq)
-        if len(seqs) != len(run.context):
-            raise RuntimeError(
-                f"run {run.id}: context has {len(run.context)} messages but the store "
-                f"describes {len(seqs)}"
-            )
-        return seqs
 
-    async def _apply(
-        self,
-        run: AgentRun,
-        rebuilt: Rebuilt,
-        seqs: list[int | None],
-        *,
-        kind: str,
-        strategy: str,
-        trigger: str,
-        tokens_before: int,
-        started: float,
-        details: dict[str, Any] | None = None,
-    ) -> int:
-        """Commit ``rebuilt`` as a boundary (spills first), then hand it to the run."""
-        store = run.env.store
-        details = details if details is not None else {}
-        new_seqs = [seqs[i] if i is not None else None for i in rebuilt.sources]
-        layout = encode_layout(rebuilt.messages, new_seqs, run.next_seq)
-        for spill in rebuilt.spills:
-            await store.save_spill(spill.handle, run.id, spill.call_id, spill.content)
-            if spill.attachments:  # images and documents leave whole and stay recallable
-                await store.save_spill(
-                    attachments_handle(spill.handle),
-                    run.id,
-                    spill.call_id,
-                    attachments_to_json(spill.attachments),
-                )
-        rows = run.message_records(layout.new_rows, kind="context")
-        after = ModelRequest(
-            model=run.agent.model,
-            system=run.system,
-            tools=run.tools,
-            messages=rebuilt.messages,
-        )
-        tokens_after = estimate_request(after)
-        if kind == "compaction" and tokens_after >= self.threshold(run):
-            details["ineffective"] = True
-        summary = details.pop("summary", None)
-        model = details.pop("model", None)
-        boundary = BoundaryRecord(
-            run_id=run.id,
-            kind=kind,
-            prefix=messages_to_json(list(layout.prefix)),
-            ranges=json.dumps([list(r) for r in layout.ranges]),
-            created=time.time(),
-            strategy=strategy,
-            trigger=trigger,
-            tokens_before=tokens_before,
-            tokens_after=tokens_after,
-            messages_before=len(run.context),
-            messages_after=len(rebuilt.messages),
-            summary=summary,
-            model=model,
-            duration=time.monotonic() - started,
-            status="ok",
-            extra=json.dumps({**details, "next_seq": run.next_seq, "kept": rebuilt.kept}),
-        )
-        boundary_id = await store.add_boundary(boundary, rows)
-        run.replace_context(list(rebuilt.messages), next_seq=layout.next_seq)
-        return boundary_id
+def manifest_of(details: dict[str, Any]) -> dict[str, Any]:
+    """The manifest dict a rebuild left in ``details`` (empty when none)."""
+    found = details.get("manifest")
+    return found if isinstance(found, dict) else {}

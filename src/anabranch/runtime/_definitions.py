@@ -12,7 +12,6 @@ from anabranch.models._base import Model
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.runtime._compactor import CompactingPipeline
 from anabranch.runtime._loader import load_recorded, recorded_digest
-from anabranch.runtime._loop import AgentRun
 from anabranch.runtime._memory import ForgetTool, LogTool, RememberTool
 from anabranch.runtime._pipeline import ContextPipeline
 from anabranch.runtime._recall import RecallTool
@@ -34,7 +33,7 @@ def default_builtins() -> tuple[BuiltinTool, ...]:
     return (SpawnTool(), RecallTool(), RememberTool(), ForgetTool(), LogTool())
 
 
-def default_pipeline() -> ContextPipeline[AgentRun]:
+def default_pipeline() -> ContextPipeline:
     """The context pipeline used when none is given: budgets, clearing, compaction."""
     return CompactingPipeline()
 

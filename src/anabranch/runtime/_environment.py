@@ -25,8 +25,8 @@ class Environment:
     session_id: str
     retry: RetryPolicy
     tracing: Tracing
-    pipeline: ContextPipeline[Any]
-    """Called with the loop's runs (``AgentRun``)."""
+    pipeline: ContextPipeline
+    """Reads each run through a ``ContextView``; its changes are committed by the loop."""
     builtins: tuple[BuiltinTool, ...] = ()
     extras: dict[str, Any] = field(default_factory=dict)
     """Room for cooperating features (e.g. a concurrency limiter for children)."""

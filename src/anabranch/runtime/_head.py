@@ -4,32 +4,39 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 from anabranch.context._budget import is_cleared, spill_handle
 from anabranch.context._compaction import is_compaction_message
 from anabranch.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
-
-if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._context_view import ContextStore
 
 __all__ = ["context_text", "handles_in", "originals", "previous_summary"]
 
 _HANDLE = re.compile(r"recall id=(out_\w+)")
 
 
-async def originals(run: AgentRun, head: tuple[Message, ...]) -> tuple[Message, ...]:
-    """``head`` with every cleared tool result replaced by its original (from its spill)."""
-    store = run.env.store
+async def originals(
+    store: ContextStore,
+    run_id: str,
+    head: tuple[Message, ...],
+    pending: Mapping[str, str] | None = None,
+) -> tuple[Message, ...]:
+    """``head`` with every cleared tool result replaced by its original: from a spill not
+    yet committed (``pending``, by handle), else from the store."""
     out: list[Message] = []
     for message in head:
         blocks = list(message.content)
         changed = False
         for index, block in enumerate(blocks):
             if isinstance(block, ToolResultBlock) and is_cleared(block):
-                spill = await store.get_spill_record(spill_handle(run.id, block.tool_use_id))
-                if spill is not None:
-                    blocks[index] = block.model_copy(update={"content": spill.content})
+                handle = spill_handle(run_id, block.tool_use_id)
+                content = (pending or {}).get(handle)
+                if content is None:
+                    spill = await store.get_spill_record(handle)
+                    content = spill.content if spill is not None else None
+                if content is not None:
+                    blocks[index] = block.model_copy(update={"content": content})
                     changed = True
         out.append(message.model_copy(update={"content": tuple(blocks)}) if changed else message)
     return tuple(out)

@@ -41,6 +41,7 @@ __all__ = [
     "attachments_from_json",
     "attachments_json",
     "boundary_extra",
+    "boundary_prefix",
     "boundary_ranges",
     "call_usage",
     "context_for",
@@ -165,6 +166,11 @@ def boundary_ranges(boundary: BoundaryRecord | None) -> Ranges:
     if boundary is None:
         return [[0, None]]
     return [list(r) for r in json.loads(boundary.ranges)]
+
+
+def boundary_prefix(boundary: BoundaryRecord) -> tuple[Message, ...]:
+    """The messages that open the context a boundary describes (e.g. the summary)."""
+    return tuple(messages_from_json(boundary.prefix))
 
 
 def boundary_extra(boundary: BoundaryRecord) -> dict[str, Any]:

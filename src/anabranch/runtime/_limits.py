@@ -12,21 +12,20 @@ process start with it.
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from anabranch.errors import PromptTooLongError
+from anabranch.runtime._context_view import ContextView
 from anabranch.store import ContextLimitRecord
-
-if TYPE_CHECKING:
-    from anabranch.runtime._loop import AgentRun
 
 __all__ = ["ChannelLimits", "LearnedLimit", "LimitSource", "channel_of", "learned_from"]
 
 LimitSource = Literal["learned", "configured"]
 """Where a limit that is not the agent's declared window came from."""
 
+RECORDED = 10_000
+"""Run ids remembered as recorded (a long-lived runtime forgets the oldest)."""
 MAX_RATIO = 8.0
 """Largest count-to-estimate ratio believed (beyond it, the count is not of this prompt)."""
 
@@ -49,10 +48,9 @@ class LearnedLimit:
         return max(1, int(self.maximum / self.ratio))
 
 
-def channel_of(run: AgentRun) -> str | None:
+def channel_of(run: ContextView) -> str | None:
     """The channel the run's model calls go through (a base URL, a cloud), if it says."""
-    channel = getattr(run.env.model, "channel", None)
-    return channel if isinstance(channel, str) else None
+    return run.channel
 
 
 def learned_from(
@@ -67,10 +65,10 @@ def learned_from(
     return LearnedLimit(model=model, channel=channel, maximum=error.maximum, ratio=ratio)
 
 
-def _configured(run: AgentRun) -> LearnedLimit | None:
+def _configured(run: ContextView) -> LearnedLimit | None:
     """The limit the model client was told its channel enforces (``context_window=``)."""
-    window = getattr(run.env.model, "context_window", None)
-    if not isinstance(window, int) or window <= 0:
+    window = run.configured_window
+    if window is None or window <= 0:
         return None
     return LearnedLimit(
         model=run.agent.model, channel=channel_of(run), maximum=window, source="configured"
@@ -92,9 +90,10 @@ class ChannelLimits:
     def __init__(self) -> None:
         self._limits: dict[tuple[str, str | None], LearnedLimit] = {}
         self._loaded: set[tuple[str, str]] = set()
-        self._recorded: weakref.WeakSet[AgentRun] = weakref.WeakSet()
+        self._recorded: dict[str, None] = {}
+        """Runs whose limit is recorded (by id; the oldest forgotten past ``RECORDED``)."""
 
-    def get(self, run: AgentRun) -> LearnedLimit | None:
+    def get(self, run: ContextView) -> LearnedLimit | None:
         """The limit in force for ``run``'s model on its channel, if not just declared."""
         return _tighter(self._limits.get((run.agent.model, channel_of(run))), _configured(run))
 
@@ -107,13 +106,13 @@ class ChannelLimits:
         self._limits[key] = limit
         return limit
 
-    def window(self, run: AgentRun) -> int:
+    def window(self, run: ContextView) -> int:
         """The run's window: its policy's, or less if its channel says so."""
         declared = run.agent.context.window
         limit = self.get(run)
         return declared if limit is None else min(declared, limit.window)
 
-    async def prepare(self, run: AgentRun) -> None:
+    async def prepare(self, run: ContextView) -> None:
         """Before a call: load what the store knows of this key; record the run's limit."""
         channel = channel_of(run)
         if channel is None:
@@ -121,7 +120,7 @@ class ChannelLimits:
         key = (run.agent.model, channel)
         if key not in self._loaded:
             self._loaded.add(key)
-            stored = await run.env.store.context_limit(*key)
+            stored = await run.store.context_limit(*key)
             if stored is not None:
                 self.remember(
                     LearnedLimit(
@@ -133,17 +132,22 @@ class ChannelLimits:
                     )
                 )
         limit = self.get(run)
-        if limit is not None and run not in self._recorded and limit.window < self.declared(run):
-            self._recorded.add(run)
-            await run.env.store.save_context_limit(_record(limit, channel, run.id))
+        if limit is not None and run.id not in self._recorded and limit.window < self.declared(run):
+            self._note_recorded(run.id)
+            await run.store.save_context_limit(_record(limit, channel, run.id))
+
+    def _note_recorded(self, run_id: str) -> None:
+        self._recorded[run_id] = None
+        if len(self._recorded) > RECORDED:
+            del self._recorded[next(iter(self._recorded))]
 
     @staticmethod
-    def declared(run: AgentRun) -> int:
+    def declared(run: ContextView) -> int:
         return run.agent.context.window
 
     async def learn(
         self,
-        run: AgentRun,
+        run: ContextView,
         error: PromptTooLongError,
         *,
         model: str | None = None,
@@ -163,10 +167,10 @@ class ChannelLimits:
             return None
         kept = self.remember(limit)
         if kept is limit and channel is not None:
-            await run.env.store.save_context_limit(_record(limit, channel, None))
+            await run.store.save_context_limit(_record(limit, channel, None))
             if model == run.agent.model:
-                self._recorded.add(run)
-                await run.env.store.save_context_limit(_record(limit, channel, run.id))
+                self._note_recorded(run.id)
+                await run.store.save_context_limit(_record(limit, channel, run.id))
         return kept
 
 

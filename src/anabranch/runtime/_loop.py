@@ -19,7 +19,6 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
@@ -34,7 +33,6 @@ from anabranch.context._output import (
     parse_output,
     retry_message,
 )
-from anabranch.context._tokens import estimate_messages, estimate_request
 from anabranch.errors import ModelError, OutputValidationError, PromptTooLongError
 from anabranch.messages import (
     Message,
@@ -49,6 +47,7 @@ from anabranch.models._base import StreamingModel
 from anabranch.models._retry import retrying
 from anabranch.runtime._approval import GatedRun
 from anabranch.runtime._cache_watch import check_cache_break
+from anabranch.runtime._context_view import ContextView
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._final_report import final_report
 from anabranch.runtime._history import (
@@ -57,12 +56,12 @@ from anabranch.runtime._history import (
     exchange_turns,
     message_from_record,
     message_json,
-    message_records,
     snapshot_blocks,
     snapshot_record,
     usage_anchor,
 )
 from anabranch.runtime._memory import attach_relevant_memories
+from anabranch.runtime._run_context import PipelineStep, RunContext
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import LimitStop, session_limits
 from anabranch.runtime._run_prompt import build_prompt, run_request, with_breakpoints
@@ -73,7 +72,7 @@ from anabranch.traces import SpanRef, Tracing
 
 T = TypeVar("T")
 
-__all__ = ["INTERRUPTED_REPORT", "AgentRun", "Environment", "new_id"]
+__all__ = ["INTERRUPTED_REPORT", "AgentRun", "Environment", "PipelineStep", "new_id"]
 
 RESUME_LINKS = 8
 """How many earlier drives of a run its span links to (the most recent ones)."""
@@ -84,7 +83,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
 
 
-class AgentRun(ToolCalls):
+class AgentRun(ToolCalls, RunContext):
     """One run of one agent with its own context. Create with ``start`` or ``load``."""
 
     def __init__(self, env: Environment, agent: Agent, record: RunRecord) -> None:
@@ -120,6 +119,9 @@ class AgentRun(ToolCalls):
         return self.env.session_id
 
     def as_view(self) -> GatedRun:
+        return self
+
+    def context_view(self) -> ContextView:
         return self
 
     @property
@@ -176,14 +178,31 @@ class AgentRun(ToolCalls):
         return run
 
     @classmethod
-    async def load(cls, env: Environment, agent: Agent, record: RunRecord) -> AgentRun:
-        """Rebuild a run from the store: latest snapshot, context after the last boundary."""
+    async def load(
+        cls,
+        env: Environment,
+        agent: Agent,
+        record: RunRecord,
+        *,
+        missing: tuple[str, Sequence[Message]] | None = None,
+        snapshot_if_missing: tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]
+        | None = None,
+    ) -> AgentRun:
+        """Rebuild a run from the store: latest snapshot, context after the last boundary.
+
+        A crash may have left a run without its prompt snapshot or first messages (they
+        are separate commits); ``missing`` = (reason, task messages) writes them as
+        ``start`` would have (``snapshot_if_missing``: the snapshot it was given).
+        """
         run = cls(env, agent, record)
         store = env.store
         snapshot = await store.latest_snapshot(record.id)
         if snapshot is None:
-            system, tools = run.build_prompt()
-            await run.save_snapshot(system, tools, reason="resume")
+            given = snapshot_if_missing if missing is not None else None
+            system, tools = given if given is not None else run.build_prompt()
+            await run.save_snapshot(system, tools, reason=missing[0] if missing else "resume")
+            if missing is not None:
+                await run._offer_current_tools()
         else:
             run.system, run.tools = snapshot_blocks(snapshot)
             run.snapshot_version = snapshot.version
@@ -224,6 +243,8 @@ class AgentRun(ToolCalls):
             # Stopped between a compaction's boundary and its prompt rebuild (two commits):
             # finish the compaction as the live run would have, before its next call.
             await run.rebuild_snapshot("compaction")
+        if missing is not None and not run.context:
+            await run.append(*missing[1])
         return run
 
     # ------------------------------------------------------------------ prompt
@@ -266,14 +287,19 @@ class AgentRun(ToolCalls):
         self.system, self.tools = system, tools
 
     def build_request(
-        self, *, tool_choice: str | None = None, max_tokens: int | None = None
+        self,
+        *,
+        tool_choice: str | None = None,
+        max_tokens: int | None = None,
+        context: Sequence[Message] | None = None,
     ) -> ModelRequest:
-        """The exact request for the current context, cache breakpoints placed (<= 4)."""
+        """The exact request for the current context (or ``context``), cache breakpoints
+        placed (<= 4)."""
         request = run_request(
             self.agent,
             self.system,
             self.tools,
-            self.context,
+            self.context if context is None else context,
             last_response_id=self.last_response_id,
             tool_choice=tool_choice,
             max_tokens=max_tokens,
@@ -287,55 +313,6 @@ class AgentRun(ToolCalls):
         from the run's system, tools and leading messages), so it reads the run's cache.
         """
         return with_breakpoints(self.agent, request)
-
-    # ------------------------------------------------------------------ accounting
-    @property
-    def context_tokens(self) -> int:
-        """Anchored on the last response's usage, plus an estimate of what came after."""
-        if self.last_usage is None:
-            return estimate_request(self.build_request())
-        anchored = self.last_usage.total_input_tokens + self.last_usage.output_tokens
-        return anchored + estimate_messages(self.appended_since_usage)
-
-    @property
-    def threshold(self) -> int:
-        return self.agent.context.threshold
-
-    # ------------------------------------------------------------------ appending
-    def message_records(
-        self, messages: Sequence[Message], kind: str = "message"
-    ) -> list[MessageRecord]:
-        """Store records for ``messages`` appended after the last committed one."""
-        return message_records(self.id, self.next_seq, messages, kind)
-
-    async def append(self, *messages: Message, kind: str = "message") -> None:
-        """Commit messages to the store, then add them to the context."""
-        records = self.message_records(messages, kind)
-        await self.env.store.append_messages(records)
-        self.next_seq += len(records)
-        self.context.extend(messages)
-        self.appended_since_usage.extend(messages)
-
-    async def continue_with(self, text: str) -> None:
-        """A conversation's next turn: reopen the finished run with a new user message
-        (committed before anything else happens)."""
-        messages = [Message.user(text)]
-        await self.env.store.continue_run(self.id, self.message_records(messages))
-        self.record = replace(self.record, status="running", output=None, finished=None)
-        self.next_seq += 1
-        self.context.extend(messages)
-        self.appended_since_usage.extend(messages)
-        self.turn_base = self.turns
-
-    def replace_context(self, context: list[Message], *, next_seq: int | None = None) -> None:
-        """Swap in a compacted context (the caller has committed the boundary, and the
-        derived rows it appended, which move ``next_seq`` on)."""
-        if next_seq is not None:
-            self.next_seq = next_seq
-        self.context = context
-        self.last_usage = None
-        self.appended_since_usage = list(context)
-        self.compactions += 1
 
     # ------------------------------------------------------------------ driving
     async def drive(self) -> str:
@@ -422,7 +399,7 @@ class AgentRun(ToolCalls):
     ) -> ModelResponse:
         """One model turn: the context pipeline, the call (committed), the context updated."""
         async with self.events.compactions():
-            await self.env.pipeline.before_call(self)
+            await self.pipeline_step(self.env.pipeline.before_call)
         response = await self.call_model(tool_choice=tool_choice, max_tokens=max_tokens)
         self.context.append(response.to_message())
         self.turns += 1
@@ -519,11 +496,12 @@ class AgentRun(ToolCalls):
                 )
             except PromptTooLongError as error:
                 too_long_attempts += 1
+                react = partial(
+                    self.env.pipeline.on_prompt_too_long, error=error, attempt=too_long_attempts
+                )
                 async with self.events.compactions():
-                    retry = await self.env.pipeline.on_prompt_too_long(
-                        self, error, too_long_attempts
-                    )
-                if not retry:
+                    outcome = await self.pipeline_step(react)
+                if not outcome.applied:
                     raise
                 # the pipeline made the request smaller: start counting attempts again
 

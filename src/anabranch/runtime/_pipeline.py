@@ -1,50 +1,54 @@
-"""The context pipeline hook: what runs before each model call (compaction lives behind it)."""
+"""The context pipeline hook: what runs before each model call (compaction lives behind it).
+
+A pipeline reads a run through ``ContextView`` and returns a ``ContextChange`` (or ``None``:
+nothing to do); the loop commits it (see ``runtime._context_view``).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeVar
+from typing import Protocol
 
 from anabranch.errors import PromptTooLongError
 from anabranch.messages import ToolUseBlock
 from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._context_view import ContextChange, ContextView, Ingested
 
 __all__ = ["ContextPipeline", "PassThroughPipeline"]
 
-RunT = TypeVar("RunT", contravariant=True)
 
+class ContextPipeline(Protocol):
+    """Keeps one run's context inside its window: a view in, a change out."""
 
-class ContextPipeline(Protocol[RunT]):
-    """Keeps one run's context inside its window.
-
-    Generic over the run it is given (the loop passes its ``AgentRun``), so this seam does
-    not import the loop back; issue 13 turns it into a view in, change out hook.
-    """
-
-    async def ingest(self, run: RunT, call: ToolUseBlock, outcome: ToolOutcome) -> ToolOutcome:
-        """The version of a tool result that enters the context (e.g. a preview + handle).
+    async def ingest(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
+        """The version of a tool result that enters the context (e.g. a preview + handle),
+        and the spills the loop saves before it commits the result.
 
         Must be deterministic: it runs again on resume for results already stored.
         """
         ...
 
-    async def before_call(self, run: RunT) -> None:
-        """Runs before every model call; may compact ``run``'s context."""
+    async def before_call(self, run: ContextView) -> ContextChange | None:
+        """Runs before every model call; what to change in ``run``'s context, if anything."""
         ...
 
-    async def on_prompt_too_long(self, run: RunT, error: PromptTooLongError, attempt: int) -> bool:
-        """React to a prompt-too-long answer; True if the request should be rebuilt and sent."""
+    async def on_prompt_too_long(
+        self, run: ContextView, error: PromptTooLongError, attempt: int
+    ) -> ContextChange | None:
+        """React to a prompt-too-long answer: the request is rebuilt and sent again if the
+        change returned applied (made the context smaller)."""
         ...
 
 
 class PassThroughPipeline:
-    """No budgets, no compaction: the context grows until the API refuses it (a
-    ``ContextPipeline`` of any run)."""
+    """No budgets, no compaction: the context grows until the API refuses it."""
 
-    async def ingest(self, run: Any, call: ToolUseBlock, outcome: ToolOutcome) -> ToolOutcome:
-        return outcome
+    async def ingest(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
+        return Ingested(outcome)
 
-    async def before_call(self, run: Any) -> None:
+    async def before_call(self, run: ContextView) -> ContextChange | None:
         return None
 
-    async def on_prompt_too_long(self, run: Any, error: PromptTooLongError, attempt: int) -> bool:
-        return False
+    async def on_prompt_too_long(
+        self, run: ContextView, error: PromptTooLongError, attempt: int
+    ) -> ContextChange | None:
+        return None

@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -126,7 +127,7 @@ class Runtime:
         capture_content: bool | None = None,
         synchronous: Synchronous = "FULL",
         agents: Sequence[Agent] = (),
-        pipeline: ContextPipeline[AgentRun] | None = None,
+        pipeline: ContextPipeline | None = None,
         builtins: Sequence[BuiltinTool] | None = None,
         lease_ttl: float = 30.0,
         graphs: Sequence[Graph] = (),
@@ -522,7 +523,7 @@ class Runtime:
         async with self._driver.lease(session_id):
             run = await AgentRun.load(self.environment(session_id), root_agent, root)
             async with run.events.compactions():
-                return await self.pipeline.compact(run, trigger="manual")
+                return await run.pipeline_step(partial(self.pipeline.compact, trigger="manual"))
 
     async def approve(
         self, session_id: str, call_id: str, *, deny: str | None = None

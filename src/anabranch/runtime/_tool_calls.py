@@ -17,6 +17,7 @@ from anabranch.agents import Agent
 from anabranch.messages import ToolDefinition, ToolResultBlock, ToolUseBlock
 from anabranch.runtime._approval import GatedRun, gate_calls, needs_approval
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
+from anabranch.runtime._context_view import ContextView
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._history import attachments_from_json, attachments_json
 from anabranch.runtime._run_events import RunEvents
@@ -48,6 +49,10 @@ class ToolCalls:
 
     def as_view(self) -> GatedRun:
         """This run as the read-only view built-in tools (and the approval gate) receive."""
+        raise NotImplementedError
+
+    def context_view(self) -> ContextView:
+        """This run as the read-only view the context pipeline receives."""
         raise NotImplementedError
 
     async def run_tools(self, uses: Sequence[ToolUseBlock]) -> list[ToolResultBlock]:
@@ -107,7 +112,10 @@ class ToolCalls:
         gate.raise_if_waiting(self.as_view())
         results = []
         for use in uses:
-            outcome = await self.env.pipeline.ingest(self, use, outcomes[use.id])
+            ingested = await self.env.pipeline.ingest(self.context_view(), use, outcomes[use.id])
+            for spill in ingested.spills:
+                await self.env.store.save_spill(spill.handle, self.id, spill.call_id, spill.content)
+            outcome = ingested.outcome
             results.append(
                 ToolResultBlock(
                     tool_use_id=use.id,

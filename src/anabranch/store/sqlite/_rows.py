@@ -64,6 +64,3 @@ def fetch_rows(
     cursor = conn.execute(sql, tuple(params))
     names = [d[0] for d in cursor.description]
     return hydrate_rows(conn, [dict(zip(names, row, strict=True)) for row in cursor.fetchall()])
-
-
-
