@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -16,6 +15,7 @@ from anabranch.messages import (
     ToolUseBlock,
     canonical_json,
 )
+from anabranch.runtime._history import load_messages
 from anabranch.store import RunRecord, Store
 from anabranch.testing import FunctionModel
 
@@ -71,10 +71,9 @@ def reply(*blocks: Block) -> list[Block]:
 
 
 async def run_messages(store: Store, run_id: str) -> list[Message]:
-    return [
-        Message.model_validate({"role": r.role, "content": json.loads(r.content)})
-        for r in await store.load_messages(run_id)
-    ]
+    """A run's stored messages as the run history reads them (tool results resolved)."""
+    _, messages = await load_messages(store, run_id)
+    return messages
 
 
 async def runs_by_agent(store: Store, session_id: str) -> dict[str, list[RunRecord]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import stat
@@ -22,6 +21,7 @@ from anabranch.errors import (
     RateLimitedError,
 )
 from anabranch.messages import Message, ModelRequest, TextBlock
+from anabranch.runtime._history import load_messages
 from anabranch.testing import FunctionModel, TestModel
 
 from .helpers import call, failed_with, script, wait_until
@@ -163,19 +163,20 @@ async def test_everything_is_committed_before_each_request(tmp_path: Path) -> No
     db = tmp_path / "r.db"
     seen: list[tuple[int, int, int]] = []
 
-    def check_store(request: ModelRequest) -> list[object]:
+    async def check_store(request: ModelRequest) -> list[object]:
         # At the moment the request "leaves the process", the store already holds every
         # message the request carries and an unanswered call row for it.
-        messages = _rows(db, "SELECT role, content FROM messages ORDER BY id")
+        messages = _rows(db, "SELECT role, run_id FROM messages ORDER BY id")
         open_calls = _rows(
             db,
             "SELECT c.message_count FROM calls c LEFT JOIN call_outcomes o ON o.call_id = c.id "
             "WHERE o.id IS NULL",
         )
         assert len(messages) == len(request.messages)
-        for (role, content), message in zip(messages, request.messages, strict=True):
-            assert role == message.role
-            assert json.loads(str(content)) == message.model_dump(mode="json")["content"]
+        _, stored = await load_messages(rt.store, str(messages[0][1]))
+        for (role, _), message, sent in zip(messages, stored, request.messages, strict=True):
+            assert role == sent.role
+            assert message.model_dump(mode="json") == sent.model_dump(mode="json")
         assert open_calls == [(len(request.messages),)]
         seen.append((len(messages), len(open_calls), len(request.messages)))
         return [call("echo", text="x")] if len(seen) == 1 else [TextBlock(text="end")]

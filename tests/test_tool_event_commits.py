@@ -11,6 +11,7 @@ import pytest
 
 from anabranch import Agent, Runtime, ToolContext, tool
 from anabranch.messages import ModelRequest, TextBlock, ToolUseBlock
+from anabranch.runtime._history import load_messages
 from anabranch.runtime._loop import INTERRUPTED_REPORT
 from anabranch.testing import FunctionModel
 
@@ -44,14 +45,20 @@ async def test_started_with_the_response_finished_with_its_result(tmp_path: Path
         result = await rt.run(agent, "go")
         events = await _events(rt)
         messages = await sql(rt.store, "SELECT content FROM messages WHERE role = 'user'")
+        assert result.run_id is not None
+        _, loaded = await load_messages(rt.store, result.run_id)
     assert result.output.startswith("done: payload")
     assert [(e["call_id"], e["event"]) for e in events] == [
         ("toolu_fetch", "started"),
         ("toolu_fetch", "finished"),
     ]
-    # committed as it finished (so it is never run again), then in the results message
+    # committed as it finished (so it is never run again); the results message refers to
+    # that event instead of holding a second copy, and reads back with the whole result
     assert str(events[1]["content"]).startswith("payload payload")
-    assert any("payload payload" in str(m["content"]) for m in messages)
+    assert not any("payload payload" in str(m["content"]) for m in messages)
+    assert any('"ref":"tool_event"' in str(m["content"]) for m in messages)
+    results = [r for m in loaded for r in m.tool_results]
+    assert [r.content for r in results] == ["payload " * 50]
 
 
 @pytest.mark.parametrize("on_interrupt", ["retry", "report"])

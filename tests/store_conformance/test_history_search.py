@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from anabranch.store import MessageRecord, Store
+from anabranch.store import MessageRecord, Store, ToolEventRecord
 from tests.store_conformance.conftest import add_run, add_session
 
 pytestmark = pytest.mark.anyio
@@ -64,3 +64,35 @@ async def test_hostile_queries_are_words_not_syntax(store: Store) -> None:
     assert await store.search_history("run_1", '"*') == []  # no word in it
     hits = await store.search_history("run_1", 'tusks" OR NEAR(x) AND -')
     assert [h.ref for h in hits] == ["1"]
+
+
+def _finished(call_id: str, content: str, run_id: str = "run_1") -> ToolEventRecord:
+    return ToolEventRecord(
+        run_id=run_id, call_id=call_id, name="t", event="finished", created=1.0, content=content
+    )
+
+
+def _ref(call_id: str) -> dict[str, str]:
+    return {"type": "tool_result", "tool_use_id": call_id, "ref": "tool_event"}
+
+
+async def test_a_result_stored_as_a_reference_is_searched_by_its_events_text(
+    store: Store,
+) -> None:
+    """A message block that refers to its call's finished event (the output stored once)
+    is found by the event's text, as part of its message (words across its blocks)."""
+    await add_session(store)
+    await add_run(store, "run_1")
+    await add_run(store, "run_2")
+    await store.record_tool_event(_finished("toolu_1", "penguins huddle in winter"))
+    await store.record_tool_event(_finished("toolu_1", "penguins elsewhere", run_id="run_2"))
+    blocks = [{"type": "text", "text": "field notes"}, _ref("toolu_1")]
+    await store.append_messages(
+        [MessageRecord(run_id="run_1", seq=0, role="user", content=json.dumps(blocks))]
+    )
+    hits = await store.search_history("run_1", "penguins winter")
+    assert [(h.source, h.ref) for h in hits] == [("message", "0")]
+    assert "penguins" in hits[0].snippet
+    assert [h.ref for h in await store.search_history("run_1", "notes huddle")] == ["0"]
+    assert await store.search_history("run_1", "elsewhere") == []  # another run's event
+    assert await store.search_history("run_2", "penguins") == []  # no message refers to it

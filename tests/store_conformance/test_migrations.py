@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from anabranch.errors import DatabaseError, StoreError
+from anabranch.store import MessageRecord, ToolEventRecord
 from tests.store_conformance.conftest import Backend, add_run, add_session
 
 pytestmark = pytest.mark.anyio
@@ -46,3 +49,31 @@ async def test_a_newer_schema_is_refused_without_a_write(backend: Backend) -> No
 
 def test_a_database_error_is_a_store_error() -> None:
     assert issubclass(DatabaseError, StoreError)
+
+
+@pytest.mark.parametrize("version", [1, 2, 8])
+async def test_a_migrated_store_searches_results_stored_as_references(
+    backend: Backend, version: int
+) -> None:
+    """Migrated forward, a store finds a tool result a message refers to (stored once)."""
+    if version >= backend.schema_version:
+        pytest.skip("no such older version")
+    await backend.make_old(version)
+    store = await backend.open()
+    await add_session(store)
+    await add_run(store)
+    await store.record_tool_event(
+        ToolEventRecord(
+            run_id="run_1",
+            call_id="toolu_1",
+            name="t",
+            event="finished",
+            created=1.0,
+            content="narwhals surface",
+        )
+    )
+    ref = {"type": "tool_result", "tool_use_id": "toolu_1", "ref": "tool_event"}
+    await store.append_messages(
+        [MessageRecord(run_id="run_1", seq=0, role="user", content=json.dumps([ref]))]
+    )
+    assert [h.ref for h in await store.search_history("run_1", "narwhals")] == ["0"]

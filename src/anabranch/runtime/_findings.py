@@ -3,7 +3,7 @@ stands in for a report that could not be written) and the settling of its subtre
 
 from __future__ import annotations
 
-from anabranch.messages import Message
+from anabranch.runtime._history import messages_for
 from anabranch.store import RunRecord, RunStatus, Store
 
 __all__ = ["FINDINGS_CHARS", "findings_record", "settle_subtree"]
@@ -21,10 +21,12 @@ async def findings_record(store: Store, run_id: str, chars: int = FINDINGS_CHARS
         parts.append(f"Its latest summary:\n{boundary.summary.strip()}")
     since = boundary.created if boundary is not None else 0.0
     texts: list[str] = []
-    for record in await store.load_messages(run_id):
-        if record.role != "assistant" or record.kind != "message" or record.created < since:
-            continue
-        message = Message.model_validate_json(f'{{"role":"assistant","content":{record.content}}}')
+    records = [
+        r
+        for r in await store.load_messages(run_id)
+        if r.role == "assistant" and r.kind == "message" and r.created >= since
+    ]
+    for message in await messages_for(store, records):
         if message.text.strip():
             texts.append(message.text.strip())
     budget = chars - sum(len(p) for p in parts)

@@ -4,17 +4,24 @@ Records carry JSON text (the store knows nothing of messages); this module turns
 prompt snapshots, boundaries and tool events into records and back, and reads a
 boundary's context (its prefix plus the message ranges it keeps) from the store. Nothing
 else parses a record's JSON fields.
+
+A finished tool's output is stored once, in its ``finished`` tool event: a message block
+that is exactly the result that event holds is stored as a reference,
+``{"type":"tool_result","tool_use_id":<call id>,"ref":"tool_event"}``, and reading puts the
+result back (one batched tool-event query per read, never one per block). A result the
+context pipeline changed on the way in (cut, spilled) is stored as it was sent.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pydantic
 
+from anabranch.errors import StoreError
 from anabranch.messages import (
     Attachment,
     Document,
@@ -22,6 +29,7 @@ from anabranch.messages import (
     Message,
     SystemBlock,
     ToolDefinition,
+    ToolResultBlock,
     Usage,
     canonical_json,
     messages_from_json,
@@ -33,9 +41,12 @@ from anabranch.store import (
     SessionRecord,
     SnapshotRecord,
     Store,
+    ToolEventRecord,
 )
 
 __all__ = [
+    "TOOL_EVENT_REF",
+    "Committed",
     "usage_anchor",
     "Ranges",
     "attachments_from_json",
@@ -46,9 +57,11 @@ __all__ = [
     "call_usage",
     "context_for",
     "exchange_turns",
-    "message_from_record",
+    "load_messages",
     "message_json",
     "message_records",
+    "messages_for",
+    "result_from_event",
     "session_outline",
     "snapshot_blocks",
     "snapshot_record",
@@ -63,30 +76,132 @@ _TOOLS: pydantic.TypeAdapter[list[ToolDefinition]] = pydantic.TypeAdapter(list[T
 
 
 # ---------------------------------------------------------------------- messages
-def message_json(message: Message) -> str:
-    """A message's content as the canonical JSON a ``MessageRecord`` stores."""
-    return canonical_json(message.model_dump(mode="json")["content"])
+TOOL_EVENT_REF = "tool_event"
+"""The ``ref`` of a stored tool_result block whose result is its call's finished event."""
+_REF_MARK = '"ref":"tool_event"'
+"""What a stored message holding a reference contains (canonical JSON: no spaces)."""
+_REF_BATCH = 500
+"""Call ids per tool-event query (well under any backend's bound-parameter limit)."""
+
+Committed = Mapping[str, ToolResultBlock]
+"""Call id -> the result block its committed ``finished`` event stands for."""
 
 
-def message_from_record(record: MessageRecord) -> Message:
-    """The message a record stores."""
+def result_from_event(event: ToolEventRecord) -> ToolResultBlock:
+    """The result block a ``finished`` tool event stands for."""
+    return ToolResultBlock(
+        tool_use_id=event.call_id,
+        content=event.content or "",
+        is_error=event.is_error,
+        attachments=attachments_from_json(event.attachments),
+    )
+
+
+def message_json(message: Message, committed: Committed | None = None) -> str:
+    """A message's content as the canonical JSON a ``MessageRecord`` stores: each tool
+    result that is exactly its committed event's (``committed``) as a reference to it."""
+    content = message.model_dump(mode="json")["content"]
+    if committed:
+        for index, block in enumerate(message.content):
+            if isinstance(block, ToolResultBlock) and committed.get(block.tool_use_id) == block:
+                content[index] = {
+                    "type": "tool_result",
+                    "tool_use_id": block.tool_use_id,
+                    "ref": TOOL_EVENT_REF,
+                }
+    return canonical_json(content)
+
+
+def _parse(record: MessageRecord) -> Message:
     # pydantic parses the stored JSON itself: ~6x faster than json.loads + model_validate
     return Message.model_validate_json(
         f'{{"role":{json.dumps(record.role)},"content":{record.content}}}'
     )
 
 
+def _is_ref(block: Any) -> bool:
+    return (
+        isinstance(block, dict)
+        and block.get("type") == "tool_result"
+        and block.get("ref") == TOOL_EVENT_REF
+    )
+
+
+async def messages_for(store: Store, records: Sequence[MessageRecord]) -> list[Message]:
+    """The messages ``records`` store, each tool-event reference resolved (one batched
+    query per run).
+
+    Raises:
+        StoreError: a reference to a tool call that has no finished event.
+    """
+    parsed: dict[int, list[Any]] = {}
+    wanted: dict[str, set[str]] = {}
+    for index, record in enumerate(records):
+        if _REF_MARK not in record.content:
+            continue
+        blocks = json.loads(record.content)
+        refs = (
+            [str(b.get("tool_use_id")) for b in blocks if _is_ref(b)]
+            if isinstance(blocks, list)
+            else []
+        )
+        if refs:
+            parsed[index] = blocks
+            wanted.setdefault(record.run_id, set()).update(refs)
+    results: dict[tuple[str, str], ToolResultBlock] = {}
+    for run_id, call_ids in wanted.items():
+        ordered = sorted(call_ids)
+        for start in range(0, len(ordered), _REF_BATCH):
+            events = await store.tool_events(run_id, ordered[start : start + _REF_BATCH])
+            for event in events:  # in commit order: the latest finished event wins, as in
+                if event.event == "finished":  # the loop that wrote the reference
+                    results[(run_id, event.call_id)] = result_from_event(event)
+    messages: list[Message] = []
+    for index, record in enumerate(records):
+        blocks = parsed.get(index)
+        if blocks is None:
+            messages.append(_parse(record))
+            continue
+        content: list[Any] = []
+        for block in blocks:
+            if _is_ref(block):
+                result = results.get((record.run_id, str(block.get("tool_use_id"))))
+                if result is None:
+                    raise StoreError(
+                        f"message {record.seq} of run {record.run_id} refers to the result "
+                        f"of tool call {block.get('tool_use_id')!r}, which has no finished event"
+                    )
+                content.append(result)
+            else:
+                content.append(block)
+        messages.append(Message.model_validate({"role": record.role, "content": content}))
+    return messages
+
+
+async def load_messages(
+    store: Store, run_id: str, *, from_seq: int = 0, to_seq: int | None = None
+) -> tuple[list[MessageRecord], list[Message]]:
+    """A run's stored messages (records, and the messages they stand for) in seq order."""
+    records = await store.load_messages(run_id, from_seq=from_seq, to_seq=to_seq)
+    return records, await messages_for(store, records)
+
+
 def message_records(
-    run_id: str, first_seq: int, messages: Sequence[Message], kind: str = "message"
+    run_id: str,
+    first_seq: int,
+    messages: Sequence[Message],
+    kind: str = "message",
+    committed: Committed | None = None,
 ) -> list[MessageRecord]:
-    """Records for ``messages``, numbered from ``first_seq``."""
+    """Records for ``messages``, numbered from ``first_seq`` (``committed``: see
+    ``message_json``)."""
     now = time.time()
     return [
         MessageRecord(
             run_id=run_id,
             seq=first_seq + offset,
             role=message.role,
-            content=message_json(message),
+            content=message_json(message, committed),
             kind=kind,
             created=now,
         )
@@ -185,7 +300,10 @@ def boundary_extra(boundary: BoundaryRecord) -> dict[str, Any]:
 
 
 async def context_for(
-    store: Store, run_id: str, prefix: str, ranges: Ranges
+    store: Store,
+    run_id: str,
+    prefix: str,
+    ranges: Ranges,
 ) -> tuple[list[Message], list[MessageRecord]]:
     """The messages a boundary's ``prefix`` and ``ranges`` stand for, and the records of
     the original messages among them."""
@@ -194,18 +312,20 @@ async def context_for(
     for first, last in ranges:
         assert first is not None
         records += await store.load_messages(run_id, from_seq=first, to_seq=last)
-    messages.extend(message_from_record(r) for r in records)
+    messages.extend(await messages_for(store, records))
     return messages, records
 
 
 def usage_anchor(
     calls: Sequence[CallRecord],
     records: Sequence[MessageRecord],
+    messages: Sequence[Message],
     boundary_created: float | None,
 ) -> tuple[Usage, list[Message]] | None:
     """What a resumed run anchors its token accounting on, as the live run did: the last
     committed response's usage and the messages appended since, so it makes the same
-    compaction decisions as an uninterrupted run (``None``: no anchor)."""
+    compaction decisions as an uninterrupted run (``None``: no anchor). ``messages`` are
+    the last ``len(records)`` messages of the context: the ones ``records`` store."""
     last = next(
         (c for c in reversed(calls) if c.status == "ok" and c.message_seq is not None), None
     )
@@ -215,4 +335,7 @@ def usage_anchor(
         return None  # compacted since: the live run had dropped its anchor too
     if not any(r.seq == last.message_seq for r in records):
         return None
-    return call_usage(last), [message_from_record(r) for r in records if r.seq > last.message_seq]
+    stored = messages[len(messages) - len(records) :]
+    return call_usage(last), [
+        m for r, m in zip(records, stored, strict=True) if r.seq > last.message_seq
+    ]

@@ -40,6 +40,7 @@ from anabranch.messages import (
     ModelResponse,
     SystemBlock,
     ToolDefinition,
+    ToolResultBlock,
     Usage,
     canonical_json,
 )
@@ -54,7 +55,7 @@ from anabranch.runtime._history import (
     boundary_ranges,
     context_for,
     exchange_turns,
-    message_from_record,
+    load_messages,
     message_json,
     snapshot_blocks,
     snapshot_record,
@@ -105,6 +106,9 @@ class AgentRun(ToolCalls, RunContext):
         self.compactions = 0
         self._fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None = None
         """Tool calls of the response just committed here, and those marked started with it."""
+        self.committed_results: dict[str, ToolResultBlock] = {}
+        """The latest tool calls' results as their finished events hold them (a message
+        block equal to one is stored as a reference to its event)."""
         self.events = RunEvents(self, env.events)
         self.stop: LimitStop | None = None
         """The limit that ended this run with a final report, if one did."""
@@ -209,8 +213,7 @@ class AgentRun(ToolCalls, RunContext):
             await run._offer_current_tools()
         boundary = await store.latest_boundary(record.id)
         if boundary is None:
-            records = await store.load_messages(record.id)
-            run.context = [message_from_record(r) for r in records]
+            records, run.context = await load_messages(store, record.id)
         else:
             run.compactions = await store.count_boundaries(record.id, "ok")
             run.context, records = await context_for(
@@ -230,7 +233,7 @@ class AgentRun(ToolCalls, RunContext):
         exchange = exchange_turns(run.context)
         run.turn_base = run.turns - exchange if exchange is not None else 0
         run.appended_since_usage = list(run.context)
-        anchor = usage_anchor(calls, records, boundary.created if boundary else None)
+        anchor = usage_anchor(calls, records, run.context, boundary.created if boundary else None)
         if anchor is not None:
             run.last_usage, run.appended_since_usage = anchor
         if (

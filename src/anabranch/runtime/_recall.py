@@ -34,7 +34,7 @@ from anabranch.messages import (
     ToolUseBlock,
 )
 from anabranch.runtime._builtins import ToolOutcome
-from anabranch.runtime._history import message_from_record
+from anabranch.runtime._history import load_messages
 from anabranch.runtime._view import RunView
 from anabranch.store import HistoryHit, Store
 
@@ -137,10 +137,9 @@ class RecallTool:
         match = _MESSAGE_ID.match(handle)
         if match:
             seq = int(match.group(1))
-            records = await store.load_messages(run.id, from_seq=seq, to_seq=seq)
+            records, messages = await load_messages(store, run.id, from_seq=seq, to_seq=seq)
             if records and records[0].kind == "message":
-                record = records[0]
-                message = message_from_record(record)
+                message = messages[0]
                 text = _render(message)
                 attachments = tuple(message.attachments)
         else:
@@ -219,12 +218,11 @@ class RecallTool:
 
 async def _only_recall(store: Store, run_id: str, seq: int) -> bool:
     """Whether stored message ``seq`` holds nothing but recall calls or recall results."""
-    records = await store.load_messages(run_id, from_seq=max(0, seq - 1), to_seq=seq)
-    by_seq = {r.seq: r for r in records}
-    record = by_seq.get(seq)
-    if record is None:
+    records, messages = await load_messages(store, run_id, from_seq=max(0, seq - 1), to_seq=seq)
+    by_seq = {r.seq: m for r, m in zip(records, messages, strict=True)}
+    message = by_seq.get(seq)
+    if message is None:
         return False
-    message = _message(record.role, record.content)
     if message.role == "assistant":
         return bool(message.tool_uses) and all(
             isinstance(b, ToolUseBlock) and b.name == RECALL for b in message.content
@@ -232,12 +230,8 @@ async def _only_recall(store: Store, run_id: str, seq: int) -> bool:
     previous = by_seq.get(seq - 1)
     if previous is None or not message.tool_results:
         return False
-    names = {u.id: u.name for u in _message(previous.role, previous.content).tool_uses}
+    names = {u.id: u.name for u in previous.tool_uses}
     return all(
         isinstance(b, ToolResultBlock) and names.get(b.tool_use_id) == RECALL
         for b in message.content
     )
-
-
-def _message(role: str, content: str) -> Message:
-    return Message.model_validate({"role": role, "content": json.loads(content)})

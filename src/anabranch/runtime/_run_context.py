@@ -17,7 +17,7 @@ from typing import TypeVar
 from anabranch.agents import Agent
 from anabranch.context._tokens import estimate_messages, estimate_request
 from anabranch.errors import CompactionFailedError
-from anabranch.messages import Message, ModelRequest, ModelResponse, Usage
+from anabranch.messages import Message, ModelRequest, ModelResponse, ToolResultBlock, Usage
 from anabranch.runtime._context_view import (
     BoundaryCommit,
     CompactionOutcome,
@@ -61,6 +61,9 @@ class RunContext:
     compactions: int
     last_usage: Usage | None
     appended_since_usage: list[Message]
+    committed_results: dict[str, ToolResultBlock]
+    """The latest tool calls' results as their finished events hold them (a message block
+    equal to one is stored as a reference to its event: the output is stored once)."""
 
     @property
     def id(self) -> str:
@@ -120,7 +123,7 @@ class RunContext:
         self, messages: Sequence[Message], kind: str = "message"
     ) -> list[MessageRecord]:
         """Store records for ``messages`` appended after the last committed one."""
-        return message_records(self.id, self.next_seq, messages, kind)
+        return message_records(self.id, self.next_seq, messages, kind, self.committed_results)
 
     async def append(self, *messages: Message, kind: str = "message") -> None:
         """Commit messages to the store, then add them to the context."""

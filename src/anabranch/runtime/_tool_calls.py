@@ -42,6 +42,8 @@ class ToolCalls:
     events: RunEvents
     _fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None
     """Tool calls of the response just committed here, and those marked started with it."""
+    committed_results: dict[str, ToolResultBlock]
+    """The results of the latest calls as their finished events hold them."""
 
     @property
     def id(self) -> str:
@@ -110,6 +112,16 @@ class ToolCalls:
                 await self.env.store.record_tool_event(self._finished_event(use, outcome))
                 outcomes[use.id] = outcome
         gate.raise_if_waiting(self.as_view())
+        # every outcome is a committed finished event's now (loaded, run, denied, cut off)
+        self.committed_results = {
+            use.id: ToolResultBlock(
+                tool_use_id=use.id,
+                content=outcomes[use.id].content,
+                is_error=outcomes[use.id].is_error,
+                attachments=outcomes[use.id].attachments,
+            )
+            for use in uses
+        }
         results = []
         for use in uses:
             ingested = await self.env.pipeline.ingest(self.context_view(), use, outcomes[use.id])

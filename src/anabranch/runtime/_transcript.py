@@ -10,7 +10,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from anabranch.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock, messages_from_json
-from anabranch.store import BoundaryRecord, MessageRecord, Store
+from anabranch.runtime._history import boundary_extra, messages_for
+from anabranch.store import BoundaryRecord, Store
 
 __all__ = ["TranscriptEntry", "abbreviate", "render_transcript", "run_transcript"]
 
@@ -65,12 +66,6 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
     return out
 
 
-def _message(record: MessageRecord) -> Message:
-    return Message.model_validate_json(
-        f'{{"role":{json.dumps(record.role)},"content":{record.content}}}'
-    )
-
-
 def _boundary_entry(boundary: BoundaryRecord) -> TranscriptEntry:
     shown = [_blocks(m) for m in messages_from_json(boundary.prefix)] if boundary.prefix else []
     return TranscriptEntry(
@@ -93,6 +88,7 @@ def _boundary_entry(boundary: BoundaryRecord) -> TranscriptEntry:
 async def run_transcript(store: Store, run_id: str) -> list[TranscriptEntry]:
     """Messages in order, boundaries (ok ones) placed where they were committed."""
     records = [r for r in await store.load_messages(run_id) if r.kind == "message"]
+    messages = dict(zip((r.seq for r in records), await messages_for(store, records), strict=True))
     boundaries = [
         b
         for b in await store.list_boundaries(run_id=run_id)
@@ -101,8 +97,7 @@ async def run_transcript(store: Store, run_id: str) -> list[TranscriptEntry]:
     calls = {c.message_seq: c.turn for c in await store.list_calls(run_id) if c.status == "ok"}
 
     def position(boundary: BoundaryRecord) -> int:
-        extra = json.loads(boundary.extra) if boundary.extra else {}
-        next_seq = extra.get("next_seq")
+        next_seq = boundary_extra(boundary).get("next_seq")
         if isinstance(next_seq, int):
             return next_seq
         before = [r.seq for r in records if r.created <= boundary.created]
@@ -121,7 +116,7 @@ async def run_transcript(store: Store, run_id: str) -> list[TranscriptEntry]:
                 seq=record.seq,
                 role=record.role,
                 turn=calls.get(record.seq),
-                blocks=_blocks(_message(record)),
+                blocks=_blocks(messages[record.seq]),
             )
         )
     entries.extend(_boundary_entry(b) for _, b in placed[index:])

@@ -23,8 +23,14 @@ from anabranch.store.sqlite._blobs import hydrate_rows
 
 __all__ = ["import_sqlite"]
 
-TABLES = (*APPEND_ONLY, *BUDGET_TABLES)
-"""Every history table (and the budget tables), in an order that satisfies the foreign keys."""
+TABLES = (
+    *(t for t in APPEND_ONLY if t != "messages" and t != "tool_events"),
+    "tool_events",
+    "messages",
+    *BUDGET_TABLES,
+)
+"""Every history table (and the budget tables), in an order that satisfies the foreign keys;
+tool events before messages, whose search text may read them (a reference to a result)."""
 BOOLEAN_COLUMNS = {("tool_events", "is_error")}
 SERIALS = [(table, "id") for table in TABLES if table not in ("sessions", "runs", "spills")] + [
     ("runs", "ord")

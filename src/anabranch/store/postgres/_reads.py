@@ -314,12 +314,12 @@ class Reads:
         self, run_id: str, words: list[str], joiner: str, limit: int
     ) -> list[dict[str, Any]]:
         query = joiner.join(f"plainto_tsquery({_TS}, %s)" for _ in words)
-        message_vector = f"to_tsvector({_TS}, message_text(m.content))"
+        message_vector = f"to_tsvector({_TS}, message_text(m.run_id, m.content))"
         sql = f"""
             WITH q AS (SELECT ({query}) AS q)
             SELECT * FROM (
                 SELECT 'message' AS source, m.seq::text AS ref,
-                       ts_headline({_TS}, message_text(m.content), q.q, %s) AS snippet,
+                       ts_headline({_TS}, message_text(m.run_id, m.content), q.q, %s) AS snippet,
                        ts_rank({message_vector}, q.q) AS rank
                 FROM messages m, q
                 WHERE m.run_id = %s AND m.kind = 'message' AND {message_vector} @@ q.q

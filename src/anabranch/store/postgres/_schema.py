@@ -160,6 +160,45 @@ CREATE INDEX session_budgets_session ON session_budgets (session_id, id);
 BUDGET_TABLES = ("tenant_spend", "session_budgets")
 
 
+_V3_TOOL_RESULT_REFS = """
+-- A finished tool's output is stored once: a message's tool_result block may refer to its
+-- call's finished event ({"ref": "tool_event"}); the searchable text reads that event.
+-- Declared IMMUTABLE for the index: the result a reference stands for never changes
+-- (tool_events is append-only, and the loop writes a reference only to a committed event,
+-- comparing it with the call's latest finished one, which this reads).
+CREATE FUNCTION message_text(run text, content text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    blocks jsonb;
+BEGIN
+    BEGIN
+        blocks := content::jsonb;
+    EXCEPTION WHEN others THEN
+        RETURN content;
+    END;
+    IF jsonb_typeof(blocks) <> 'array' THEN
+        RETURN content;
+    END IF;
+    RETURN coalesce((
+        SELECT string_agg(CASE
+            WHEN b ->> 'type' = 'tool_result' AND b ->> 'ref' = 'tool_event' THEN (
+                SELECT t.content FROM tool_events t
+                WHERE t.run_id = run AND t.call_id = b ->> 'tool_use_id'
+                  AND t.event = 'finished'
+                ORDER BY t.id DESC LIMIT 1)
+            ELSE coalesce(
+                b ->> 'text', b ->> 'content', (b ->> 'name') || ' ' || (b ->> 'input'))
+            END, E'\\n')
+        FROM jsonb_array_elements(blocks) AS b), '');
+END $$;
+
+DROP INDEX messages_search;
+CREATE INDEX messages_search ON messages
+    USING gin (to_tsvector('simple'::regconfig, message_text(run_id, content)))
+    WHERE kind = 'message';
+"""
+
+
 def _append_only_triggers(tables: tuple[str, ...] = APPEND_ONLY) -> str:
     return "\n".join(
         f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {table} "
@@ -171,6 +210,7 @@ def _append_only_triggers(tables: tuple[str, ...] = APPEND_ONLY) -> str:
 MIGRATIONS: list[str] = [
     _V1 + _append_only_triggers(),
     _V2_BUDGETS + _append_only_triggers(BUDGET_TABLES),
+    _V3_TOOL_RESULT_REFS,
 ]
 """One script per schema version; each runs in one transaction with the previous ones."""
 SCHEMA_VERSION = len(MIGRATIONS)

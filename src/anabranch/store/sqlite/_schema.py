@@ -337,6 +337,47 @@ def _v8_budgets(db: sqlite_utils.Database) -> None:
     db.table("session_budgets").create_index(["session_id"])
 
 
+_RESULT_TEXT = """(
+    SELECT t.content FROM tool_events t
+    WHERE t.run_id = {row}.run_id AND t.call_id = json_extract(value, '$.tool_use_id')
+      AND t.event = 'finished'
+    ORDER BY t.id DESC LIMIT 1
+)"""
+"""The result a ``{"ref": "tool_event"}`` block stands for: its call's latest finished event
+(the one the loop compared the block with when it wrote the reference)."""
+
+_MESSAGE_TEXT_REFS = """(
+    SELECT group_concat(
+        CASE WHEN json_extract(value, '$.ref') = 'tool_event' THEN {result}
+        ELSE COALESCE(
+            json_extract(value, '$.text'),
+            json_extract(value, '$.content'),
+            json_extract(value, '$.name') || ' ' || json_extract(value, '$.input')
+        ) END,
+        char(10))
+    FROM json_each({row}.content)
+)"""
+
+
+def _v9_tool_result_refs(db: sqlite_utils.Database) -> None:
+    """A finished tool's output stored once: a message's tool_result block may refer to its
+    call's finished event (``"ref": "tool_event"``); history search reads that event's
+    text. The index itself is unchanged (every row indexed so far held its text)."""
+    text = _MESSAGE_TEXT_REFS.format(result=_RESULT_TEXT.format(row="{row}"), row="{row}")
+    for statement in (
+        "DROP TRIGGER history_fts_messages",
+        "DROP VIEW history_messages",
+        "CREATE VIEW history_messages AS SELECT m.id AS id, "
+        f"{text.format(row='m')} AS body, m.run_id AS run_id, 'message' AS source, "
+        "m.seq AS ref FROM messages m WHERE m.kind = 'message'",
+        "CREATE TRIGGER history_fts_messages AFTER INSERT ON messages "
+        "WHEN new.kind = 'message' BEGIN "
+        "INSERT INTO history_fts(rowid, body, run_id, source, ref) VALUES (new.id, "
+        f"{text.format(row='new')}, new.run_id, 'message', new.seq); END",
+    ):
+        db.execute(statement)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1,
     _v2_call_prefix,
@@ -346,6 +387,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v6_content_blobs,
     _v7_context_limits,
     _v8_budgets,
+    _v9_tool_result_refs,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
