@@ -82,7 +82,7 @@ async def test_a_tool_output_is_stored_once_and_read_back_whole(db: Db) -> None:
     again = _model()
     async with Runtime(db=db, model=again) as rt:
         _, stored = await load_messages(rt.store, result.run_id)
-        assert stored == list(sent)
+        assert stored[:-1] == list(sent)  # then the answer
         # a next turn sends the stored context again, byte for byte
         follow_up = await rt.send(result.session_id, "and again?", agent)
         assert follow_up.status == "done"
