@@ -46,6 +46,8 @@ _NAMED_ROUND = re.compile(r"toolu_[0-9a-f]{20}r(\d+)\b")
 _SO_FAR = re.compile(r"<summary_so_far>\n(.*?)\n</summary_so_far>", re.DOTALL)
 _PLAIN_USER = re.compile(r"^\(user[^)]*\)\n(.+)$", re.MULTILINE)
 _CALL_ROUND = re.compile(r"\[tool call \S+ id=toolu_[0-9a-f]{20}r(\d+)\]")
+_ELIDED_ROUND = re.compile(r"\[tool (?:call|result of) \S+ id=toolu_[0-9a-f]{20}r(\d+)[:\]]")
+"""A tool call or result the ``verbatim`` strategy turned into a one-line note."""
 
 
 def is_summary_request(request: ModelRequest) -> bool:
@@ -237,6 +239,9 @@ class TestModel:
                 if match:
                     return int(match.group(1)) + 1 + rounds
                 rounds += 1
+            elif elided := _ELIDED_ROUND.findall(message.text):
+                # a turn the verbatim strategy kept word for word, its tool blocks as notes
+                return rounds + max(int(r) for r in elided) + 1
             elif message.role == "user" and not message.tool_results:
                 # a compaction that kept no tool call says how many ran (in its summary,
                 # or by the call ids its note of dropped messages lists)
