@@ -8,9 +8,9 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 
@@ -23,6 +23,20 @@ if TYPE_CHECKING:
     from anabranch import Agent, Runtime
 
 _ids = itertools.count(1)
+
+
+class _HasAttributes(Protocol):
+    @property
+    def attributes(self) -> Mapping[str, Any] | None: ...
+
+
+def attributes(item: _HasAttributes) -> dict[str, Any]:
+    """A span's (or span event's) attributes as a plain dict: {} when it has none.
+
+    OpenTelemetry types the values as a union of every attribute type; a test knows which
+    one it set, and compares it as such.
+    """
+    return dict(item.attributes or {})
 
 
 def call(tool_name: str, /, **arguments: Any) -> ToolUseBlock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from anabranch.events import EVENT_ADAPTER
+from anabranch.events import EVENT_ADAPTER, SessionFinished
 
 from .test_cli import EXAMPLE, anabranch
 
@@ -22,7 +22,9 @@ def test_run_events_prints_one_json_event_per_line(tmp_path: Path) -> None:
     root = next(e for e in events if e.kind == "run_started" and e.parent_run_id is None)
     children = {e.child_run_id for e in events if e.kind == "child_spawned"}
     assert children and all(e.parent_run_id == root.run_id for e in events if e.run_id in children)
-    assert events[-1].status == "done" and "Report on: events please" in events[-1].output
+    finished = events[-1]
+    assert isinstance(finished, SessionFinished)
+    assert finished.status == "done" and "Report on: events please" in finished.output
 
 
 def test_progress_lines_on_stderr_and_quiet_silences_them(tmp_path: Path) -> None:

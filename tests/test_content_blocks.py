@@ -23,6 +23,8 @@ from anabranch.messages import Message, TextBlock, ToolResultBlock
 from anabranch.store import ToolEventRecord
 from anabranch.testing import MessagesServer, TestModel
 
+from .helpers import attributes
+
 pytestmark = pytest.mark.anyio
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8
@@ -78,7 +80,7 @@ async def test_a_task_may_carry_images_and_documents(tmp_path: Path) -> None:
     srv, result, _ = await _run(
         tmp_path, Agent(name="reader"), ["Describe this chart:", chart, report, notes]
     )
-    first = srv.log[0].request.messages[0]  # type: ignore[union-attr]
+    first = srv.log[0].request.messages[0]
     assert first.content == (TextBlock(text="Describe this chart:"), chart, report, notes)
     assert result.output.startswith("Report on: Describe this chart:")
 
@@ -86,7 +88,7 @@ async def test_a_task_may_carry_images_and_documents(tmp_path: Path) -> None:
 async def test_bad_tasks_get_a_one_line_error(tmp_path: Path) -> None:
     async with Runtime(db=tmp_path / "b.db", model=TestModel()) as rt:
         with pytest.raises(UserError, match="task item 1 is a int"):
-            await rt.run(VIEWER, ["look", 3])
+            await rt.run(VIEWER, ["look", 3])  # type: ignore[list-item]
         with pytest.raises(UserError, match="non-empty"):
             await rt.run(VIEWER, [])
         assert await rt.store.list_sessions() == []
@@ -200,11 +202,11 @@ async def test_spans_show_image_type_and_size_never_bytes(tmp_path: Path) -> Non
     await _run(tmp_path, VIEWER, "Describe", tracer_provider=provider, capture_content=True)
     spans = exporter.get_finished_spans()
     encoded = base64.b64encode(PNG).decode()
-    dumped = json.dumps([dict(s.attributes or {}) for s in spans], default=str)
+    dumped = json.dumps([attributes(s) for s in spans], default=str)
     assert encoded[:40] not in dumped
     tools = [s for s in spans if s.name == "execute_tool screenshot"]
-    assert tools[0].attributes["anabranch.tool.attachments"] == (
+    assert attributes(tools[0])["anabranch.tool.attachments"] == (
         f"image image/png {len(PNG)} bytes",
-    )  # type: ignore[index]
+    )
     chats = [s for s in spans if s.name.startswith("chat")]
-    assert f'"size":{len(PNG)}' in str(chats[-1].attributes["input.value"])  # type: ignore[index]
+    assert f'"size":{len(PNG)}' in str(attributes(chats[-1])["input.value"])

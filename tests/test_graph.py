@@ -3,7 +3,9 @@ resume."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pydantic
@@ -34,11 +36,11 @@ pytestmark = pytest.mark.anyio
 SMALL = ContextPolicy(window=8_000, output_reserve=500)
 
 
-def _agent(name: str, **kwargs: object) -> Agent:
-    return Agent(name=name, model=name, context=SMALL, **kwargs)  # type: ignore[arg-type]
+def _agent(name: str, **kwargs: Any) -> Agent:
+    return Agent(name=name, model=name, context=SMALL, **kwargs)
 
 
-def _diamond(branch_a: Agent, branch_b: Agent, **kwargs: object) -> Graph:
+def _diamond(branch_a: Agent, branch_b: Agent, **kwargs: Any) -> Graph:
     return Graph(
         tasks=[
             Task(id="plan", agent=_agent("planner"), prompt="Make a plan."),
@@ -46,7 +48,7 @@ def _diamond(branch_a: Agent, branch_b: Agent, **kwargs: object) -> Graph:
             Task(id="right", agent=branch_b, prompt="Do the right half.", depends_on=["plan"]),
             Task(id="merge", agent=_agent("merger"), prompt="Merge.", depends_on=["left", "right"]),
         ],
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
 
 
@@ -105,7 +107,7 @@ async def test_diamond_runs_in_order_with_reports_not_transcripts(tmp_path: Path
         await left_started.wait()
         return "RIGHT-TRANSCRIPT-DETAIL"
 
-    def worker(name: str, report: str) -> object:
+    def worker(name: str, report: str) -> Callable[[ModelRequest], object]:
         def answer(request: ModelRequest) -> object:
             return [use(name, f"toolu_{name}")] if first_turn(request) else report
 
@@ -134,8 +136,10 @@ async def test_diamond_runs_in_order_with_reports_not_transcripts(tmp_path: Path
     for run in runs.values():
         assert run.parent_run_id is None and run.depth == 0 and run.finished is not None
     plan, left, right, merge = (runs[k] for k in ("plan", "left", "right", "merge"))
-    assert plan.finished <= left.created and plan.finished <= right.created  # type: ignore[operator]
-    assert max(left.finished, right.finished) <= merge.created  # type: ignore[type-var]
+    assert plan.finished is not None and left.finished is not None
+    assert right.finished is not None
+    assert plan.finished <= left.created and plan.finished <= right.created
+    assert max(left.finished, right.finished) <= merge.created
     assert overlaps(left, right), "ready branches run concurrently"
     (left_request,) = requests_for(model, "lefty")[:1]
     assert "PLAN: split in two" in left_request.messages[0].text

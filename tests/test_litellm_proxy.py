@@ -113,7 +113,7 @@ def _policy(window: int, strategy: str = "summarize", max_chars: int = 1_200) ->
         compact_at=0.7,
         output_reserve=300,
         keep_recent=4,
-        strategy=strategy,  # type: ignore[arg-type]
+        strategy=strategy,
         tool_result_max_chars=max_chars,
         tool_result_preview_chars=500,
     )

@@ -85,4 +85,4 @@ async def test_a_sub_agent_with_an_output_type_reports_its_json(tmp_path: Path) 
 
 def test_output_type_must_be_a_pydantic_model() -> None:
     with pytest.raises(pydantic.ValidationError, match="output_type must be a pydantic BaseModel"):
-        Agent(name="a", output_type=dict)  # type: ignore[arg-type]
+        Agent(name="a", output_type=dict)

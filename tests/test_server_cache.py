@@ -86,12 +86,16 @@ async def cached_server(
 
 async def ask(client: anthropic.AsyncAnthropic, model: str = "m", **params: Any) -> Usage:
     message = await client.messages.create(model=model, max_tokens=100, **params)
-    return message.usage
+    usage: Usage = message.usage
+    return usage
 
 
 @pytest.mark.anyio
 async def test_second_identical_request_reads_the_cache() -> None:
-    params = {"system": system(), "messages": [turn("user", "Where is the reset button?")]}
+    params: dict[str, Any] = {
+        "system": system(),
+        "messages": [turn("user", "Where is the reset button?")],
+    }
     async with cached_server() as (srv, client):
         first = await ask(client, **params)
         second = await ask(client, **params)
@@ -108,7 +112,10 @@ async def test_second_identical_request_reads_the_cache() -> None:
 
 @pytest.mark.anyio
 async def test_below_minimum_length_nothing_is_cached() -> None:
-    params = {"system": system("Be brief."), "messages": [turn("user", "hi", EPHEMERAL)]}
+    params: dict[str, Any] = {
+        "system": system("Be brief."),
+        "messages": [turn("user", "hi", EPHEMERAL)],
+    }
     async with cached_server(min_cache_tokens=1024) as (_, client):
         first = await ask(client, **params)
         second = await ask(client, **params)
@@ -165,7 +172,11 @@ async def test_message_change_keeps_tools_and_system() -> None:
 
 @pytest.mark.anyio
 async def test_model_switch_misses_everything() -> None:
-    params = {"tools": [tool(EPHEMERAL)], "system": system(), "messages": [turn("user", "hi")]}
+    params: dict[str, Any] = {
+        "tools": [tool(EPHEMERAL)],
+        "system": system(),
+        "messages": [turn("user", "hi")],
+    }
     async with cached_server() as (_, client):
         first = await ask(client, model="model-a", **params)
         other = await ask(client, model="model-b", **params)
@@ -199,7 +210,7 @@ async def test_intermediate_breakpoint_bridges_a_turn_longer_than_the_lookback()
 @pytest.mark.anyio
 async def test_ttl_expires_and_hits_refresh_it() -> None:
     clock = ManualClock()
-    params = {"system": system(), "messages": [turn("user", "hello")]}
+    params: dict[str, Any] = {"system": system(), "messages": [turn("user", "hello")]}
     async with cached_server(clock=clock) as (_, client):
         await ask(client, **params)
         clock.advance(299)
@@ -217,7 +228,7 @@ async def test_ttl_expires_and_hits_refresh_it() -> None:
 @pytest.mark.anyio
 async def test_one_hour_entries_outlive_five_minutes_and_bill_separately() -> None:
     clock = ManualClock()
-    params = {
+    params: dict[str, Any] = {
         "system": system(cache=ONE_HOUR),
         "messages": [turn("user", "What does chapter two say? " * 10, EPHEMERAL)],
     }
@@ -235,7 +246,7 @@ async def test_one_hour_entries_outlive_five_minutes_and_bill_separately() -> No
 
 @pytest.mark.anyio
 async def test_top_level_cache_control_caches_the_whole_prompt() -> None:
-    params = {"messages": [turn("user", "A long question about the manual. " * 20)]}
+    params: dict[str, Any] = {"messages": [turn("user", "A long question about the manual. " * 20)]}
     async with cached_server() as (_, client):
         first = await ask(client, cache_control=EPHEMERAL, **params)
         second = await ask(client, cache_control=EPHEMERAL, **params)
@@ -245,7 +256,7 @@ async def test_top_level_cache_control_caches_the_whole_prompt() -> None:
 
 @pytest.mark.anyio
 async def test_streaming_usage_carries_cache_counts() -> None:
-    params = {"system": system(), "messages": [turn("user", "hello")]}
+    params: dict[str, Any] = {"system": system(), "messages": [turn("user", "hello")]}
     async with cached_server() as (_, client):
         await ask(client, **params)
         async with client.messages.stream(model="m", max_tokens=50, **params) as stream:

@@ -9,8 +9,10 @@ from typing import Any
 import anthropic
 import httpx2
 import pytest
+from anthropic.types import MessageParam
 
 from anabranch.errors import (
+    ModelAPIError,
     ModelConnectionError,
     OverloadedError,
     PromptTooLongError,
@@ -23,7 +25,7 @@ from anabranch.testing import Fault, FaultKind, FaultPlan, MessagesServer, TestM
 
 pytestmark = pytest.mark.anyio
 
-USER = [{"role": "user", "content": "Tell me a long story about the sea."}]
+USER: list[MessageParam] = [{"role": "user", "content": "Tell me a long story about the sea."}]
 STORY = "Once upon a time the sea was calm, and then it was not calm at all. " * 4
 
 
@@ -201,10 +203,12 @@ async def test_model_maps_status_faults(kind: FaultKind, error_type: type, statu
         with pytest.raises(error_type) as caught:
             await model.request(REQUEST)
         recovered = await model.request(REQUEST)
-    assert caught.value.status_code == status
-    assert caught.value.request_id == srv.log[0].request_id
+    error = caught.value
+    assert isinstance(error, ModelAPIError)
+    assert error.status_code == status
+    assert error.request_id == srv.log[0].request_id
     if kind == "rate_limit":
-        assert caught.value.retry_after == 0.5
+        assert error.retry_after == 0.5
     assert recovered.content
 
 

@@ -10,6 +10,7 @@ import anthropic
 import anyio
 import httpx2
 import pytest
+from anthropic.types import MessageParam, ToolParam
 
 from anabranch.errors import ModelConnectionError, RateLimitedError
 from anabranch.messages import (
@@ -28,7 +29,7 @@ from anabranch.testing import (
 
 pytestmark = pytest.mark.anyio
 
-WEATHER_TOOL: dict[str, Any] = {
+WEATHER_TOOL: ToolParam = {
     "name": "get_weather",
     "description": "Current weather for a city",
     "input_schema": {
@@ -37,7 +38,7 @@ WEATHER_TOOL: dict[str, Any] = {
         "required": ["city", "days"],
     },
 }
-USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+USER: list[MessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @asynccontextmanager

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeAlias
 
 import anthropic
 import httpx2
@@ -14,30 +14,34 @@ from anabranch.testing import MessagesServer, TestModel
 
 pytestmark = pytest.mark.anyio
 
-TOOL: dict[str, Any] = {
+Wire: TypeAlias = Any
+"""Request JSON sent as written, valid or not: the server's checks are what is tested, so
+these are not typed as the SDK's params (which would refuse the invalid ones)."""
+
+TOOL: Wire = {
     "name": "lookup",
     "description": "Look something up",
     "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}},
 }
 
 
-def text(value: str, **extra: Any) -> dict[str, Any]:
+def text(value: str, **extra: Any) -> Wire:
     return {"type": "text", "text": value, **extra}
 
 
-def use(call_id: str) -> dict[str, Any]:
+def use(call_id: str) -> Wire:
     return {"type": "tool_use", "id": call_id, "name": "lookup", "input": {"q": "x"}}
 
 
-def result(call_id: str) -> dict[str, Any]:
+def result(call_id: str) -> Wire:
     return {"type": "tool_result", "tool_use_id": call_id, "content": "found"}
 
 
-def user(*blocks: dict[str, Any]) -> dict[str, Any]:
+def user(*blocks: Wire) -> Wire:
     return {"role": "user", "content": list(blocks)}
 
 
-def assistant(*blocks: dict[str, Any]) -> dict[str, Any]:
+def assistant(*blocks: Wire) -> Wire:
     return {"role": "assistant", "content": list(blocks)}
 
 
@@ -51,7 +55,7 @@ async def client_for(**options: Any) -> AsyncIterator[anthropic.AsyncAnthropic]:
             await client.close()
 
 
-async def rejection(messages: list[dict[str, Any]], **params: Any) -> str:
+async def rejection(messages: list[Wire], **params: Any) -> str:
     """The error message the server answers ``messages`` with (as the SDK reports it)."""
     async with client_for(**params.pop("server", {})) as client:
         with pytest.raises(anthropic.BadRequestError) as caught:

@@ -19,7 +19,7 @@ from anabranch.errors import ModelConnectionError, ModelError
 from anabranch.messages import ModelResponse, TextBlock, ToolUseBlock, Usage
 from anabranch.testing import FunctionModel, TestModel
 
-from .helpers import failed_with, sql
+from .helpers import attributes, failed_with, sql
 
 pytestmark = pytest.mark.anyio
 
@@ -80,10 +80,10 @@ def _all_text(spans: tuple[ReadableSpan, ...]) -> str:
     parts: list[Any] = []
     for span in spans:
         parts.append(span.name)
-        parts.extend(f"{k}={v}" for k, v in (span.attributes or {}).items())
+        parts.extend(f"{k}={v}" for k, v in attributes(span).items())
         for event in span.events:
             parts.append(event.name)
-            parts.extend(f"{k}={v}" for k, v in (event.attributes or {}).items())
+            parts.extend(f"{k}={v}" for k, v in attributes(event).items())
         parts.append(span.status.description or "")
     return "\n".join(str(p) for p in parts)
 
@@ -130,13 +130,13 @@ async def test_span_tree_shape_and_parentage(
     assert len(spans) == 1 + len(chats) + len(tools)
     assert {_trace(s) for s in spans} == {_trace(root)}  # one trace per session
     assert all(_parent(s) == _hex(root) for s in chats + tools)
-    assert sorted((s.attributes or {})["gen_ai.tool.call.id"] for s in tools) == sorted(
+    assert sorted(attributes(s)["gen_ai.tool.call.id"] for s in tools) == sorted(
         t["call_id"] for t in tool_calls
     )
     assert sorted(s.name for s in tools) == sorted(f"execute_tool {t['name']}" for t in tool_calls)
     assert root.kind is SpanKind.INTERNAL and all(s.kind is SpanKind.CLIENT for s in chats)
 
-    attrs = root.attributes or {}
+    attrs = attributes(root)
     assert attrs["gen_ai.operation.name"] == "invoke_agent"
     assert attrs["openinference.span.kind"] == "AGENT"
     assert attrs["gen_ai.agent.name"] == "worker"
@@ -144,14 +144,14 @@ async def test_span_tree_shape_and_parentage(
     assert attrs["gen_ai.conversation.id"] == attrs["session.id"] == session_id
     assert attrs["gen_ai.provider.name"] == "anthropic"
     for chat in chats:
-        c = chat.attributes or {}
+        c = attributes(chat)
         assert c["gen_ai.operation.name"] == "chat"
         assert c["openinference.span.kind"] == "LLM"
         assert c["gen_ai.request.model"] == "claude-sonnet-4-5"
         assert c["session.id"] == session_id
         assert "gen_ai.conversation.compacted" not in c  # nothing was compacted
     for span in tools:
-        t = span.attributes or {}
+        t = attributes(span)
         assert t["openinference.span.kind"] == "TOOL"
         assert t["gen_ai.operation.name"] == "execute_tool"
         assert t["gen_ai.tool.name"] == span.name.removeprefix("execute_tool ")
@@ -179,7 +179,7 @@ async def test_usage_attributes_add_cache_tokens(
     _, rt = await _run(tmp_path, provider, FunctionModel(answer))
     await rt.aclose()
     (chat,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
-    a = chat.attributes or {}
+    a = attributes(chat)
     assert a["gen_ai.usage.input_tokens"] == 11 + 500 + 40
     assert a["gen_ai.usage.output_tokens"] == 7
     assert a["gen_ai.usage.cache_read.input_tokens"] == 500
@@ -208,7 +208,7 @@ async def test_message_content_is_off_by_default(
     assert TASK_SECRET not in text
     assert TOOL_SECRET not in text
     for span in spans:
-        keys = set(span.attributes or {})
+        keys = set(attributes(span))
         assert not keys & {"input.value", "output.value", "gen_ai.input.messages"}, span.name
 
 
@@ -229,15 +229,13 @@ async def test_message_content_opt_in(
     await rt.aclose()
     spans = exporter.get_finished_spans()
     (root,) = [s for s in spans if s.name.startswith("invoke_agent")]
-    assert TASK_SECRET in str((root.attributes or {})["input.value"])
+    assert TASK_SECRET in str(attributes(root)["input.value"])
     chats = [s for s in spans if s.name.startswith("chat ")]
-    first = json.loads(str((chats[0].attributes or {})["gen_ai.input.messages"]))
+    first = json.loads(str(attributes(chats[0])["gen_ai.input.messages"]))
     assert first[0]["role"] == "user"
     assert TASK_SECRET in first[0]["parts"][0]["content"]
     lookups = [s for s in spans if s.name == "execute_tool lookup"]
-    assert lookups and all(
-        TOOL_SECRET in str((s.attributes or {})["output.value"]) for s in lookups
-    )
+    assert lookups and all(TOOL_SECRET in str(attributes(s)["output.value"]) for s in lookups)
 
 
 def _closed_port() -> int:
@@ -330,10 +328,10 @@ async def test_resumed_session_links_to_the_earlier_trace(
     (new_root,) = [s for s in second if s.parent is None]
     assert _trace(new_root) != _trace(old_root)
     assert {_trace(s) for s in second} == {_trace(new_root)}
-    assert (new_root.attributes or {})["session.id"] == session_id
-    assert (new_root.attributes or {})["gen_ai.conversation.id"] == session_id
-    assert (new_root.attributes or {})["anabranch.resumed"] is True
-    assert "anabranch.resumed" not in (old_root.attributes or {})
+    assert attributes(new_root)["session.id"] == session_id
+    assert attributes(new_root)["gen_ai.conversation.id"] == session_id
+    assert attributes(new_root)["anabranch.resumed"] is True
+    assert "anabranch.resumed" not in attributes(old_root)
     linked = [
         (format_trace_id(k.context.trace_id), format_span_id(k.context.span_id))
         for k in new_root.links
@@ -374,9 +372,7 @@ def _check_agent_tree(spans: tuple[ReadableSpan, ...], session_id: str, runs: li
     """Root agent span, children under their parent's spawn_agent call, one trace."""
     by_id = {_hex(s): s for s in spans}
     agent_spans = {
-        (s.attributes or {})["gen_ai.agent.id"]: s
-        for s in spans
-        if s.name.startswith("invoke_agent ")
+        attributes(s)["gen_ai.agent.id"]: s for s in spans if s.name.startswith("invoke_agent ")
     }
     assert set(agent_spans) == {r.id for r in runs}  # one invoke_agent span per run
     for run in runs:
@@ -387,11 +383,11 @@ def _check_agent_tree(spans: tuple[ReadableSpan, ...], session_id: str, runs: li
             continue
         spawn_span = by_id[_parent(span) or ""]
         assert spawn_span.name == "execute_tool spawn_agent"
-        assert (spawn_span.attributes or {})["gen_ai.tool.call.id"] == run.parent_call_id
+        assert attributes(spawn_span)["gen_ai.tool.call.id"] == run.parent_call_id
         assert _parent(spawn_span) == _hex(agent_spans[run.parent_run_id])
     assert {_trace(s) for s in spans} == {_trace(s) for s in spans if s.parent is None}
     assert len({_trace(s) for s in spans}) == 1  # one trace per session
-    assert all((s.attributes or {})["session.id"] == session_id for s in spans)
+    assert all(attributes(s)["session.id"] == session_id for s in spans)
 
 
 async def test_multi_agent_span_tree(
@@ -410,8 +406,8 @@ async def test_multi_agent_span_tree(
     for chat in chats:  # each under the agent run that made the call
         parent = by_id[_parent(chat) or ""]
         assert parent.name.startswith("invoke_agent ")
-        run_id = (parent.attributes or {})["gen_ai.agent.id"]
-        assert (chat.attributes or {})["gen_ai.agent.name"] == agent_of[str(run_id)]
+        run_id = attributes(parent)["gen_ai.agent.id"]
+        assert attributes(chat)["gen_ai.agent.name"] == agent_of[str(run_id)]
     per_run = {r.id: sum(1 for c in calls if c["run_id"] == r.id) for r in runs}
     for run_id, count in per_run.items():
         assert count == sum(
@@ -431,7 +427,7 @@ async def test_compaction_spans_in_a_multi_agent_run(
     _check_agent_tree(spans, session_id, runs)
     by_id = {_hex(s): s for s in spans}
     agent_spans = {
-        (s.attributes or {})["gen_ai.agent.id"]: s for s in spans if s.name.startswith("invoke_")
+        attributes(s)["gen_ai.agent.id"]: s for s in spans if s.name.startswith("invoke_")
     }
     compacts = [s for s in spans if s.name.startswith("compact ")]
     agent_of = {r.id: r.agent_name for r in runs}
@@ -452,7 +448,7 @@ async def test_compaction_spans_in_a_multi_agent_run(
 
     from_spans = []
     for span in compacts:
-        a = span.attributes or {}
+        a = attributes(span)
         run_id = str(a["gen_ai.agent.id"])
         assert _parent(span) == _hex(agent_spans[run_id])
         assert span.name == f"compact {agent_of[run_id]}"
@@ -486,10 +482,10 @@ async def test_compaction_spans_in_a_multi_agent_run(
     chats = [s for s in spans if s.name.startswith("chat ")]
     summarizer = [s for s in chats if by_id[_parent(s) or ""].name.startswith("compact ")]
     summarized = [
-        s for s in compacts if (s.attributes or {})["anabranch.compaction.strategy"] == "summarize"
+        s for s in compacts if attributes(s)["anabranch.compaction.strategy"] == "summarize"
     ]
     assert len(summarizer) >= len(summarized) > 0
-    assert all((s.attributes or {})["anabranch.call.purpose"] == "compaction" for s in summarizer)
+    assert all(attributes(s)["anabranch.call.purpose"] == "compaction" for s in summarizer)
     assert {_parent(s) for s in summarizer} == {_hex(s) for s in summarized}
     assert len(chats) - len(summarizer) == len(calls)  # one span per agent model call
 
@@ -497,7 +493,7 @@ async def test_compaction_spans_in_a_multi_agent_run(
     text = _all_text(spans)
     assert "Chapter " not in text and "Ledger entries" not in text and "<summary>" not in text
     for span in spans:
-        keys = set(span.attributes or {})
+        keys = set(attributes(span))
         assert not keys & {"gen_ai.input.messages", "gen_ai.output.messages"}, span.name
         if not span.name.startswith("compact "):
             assert not keys & {"input.value", "output.value"}, span.name
@@ -509,12 +505,10 @@ async def test_compaction_spans_in_a_multi_agent_run(
             key=lambda s: s.start_time or 0,
         )
         first = min(
-            (s.start_time or 0)
-            for s in compacts
-            if (s.attributes or {})["gen_ai.agent.id"] == run_id
+            (s.start_time or 0) for s in compacts if attributes(s)["gen_ai.agent.id"] == run_id
         )
         for chat in own:
-            flagged = (chat.attributes or {}).get("gen_ai.conversation.compacted") is True
+            flagged = attributes(chat).get("gen_ai.conversation.compacted") is True
             assert flagged == ((chat.start_time or 0) > first), chat.name
 
 
@@ -570,7 +564,7 @@ async def test_resumed_graph_session_links_to_the_earlier_trace(
     (new_root,) = [s for s in second if s.parent is None]
     assert old_root.name == new_root.name == "invoke_workflow paused"
     assert {_trace(s) for s in second} == {_trace(new_root)} != {_trace(old_root)}
-    assert (new_root.attributes or {})["session.id"] == sessions[0]
+    assert attributes(new_root)["session.id"] == sessions[0]
     assert [
         (format_trace_id(k.context.trace_id), format_span_id(k.context.span_id))
         for k in new_root.links
