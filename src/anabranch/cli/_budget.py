@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -110,6 +109,7 @@ async def budget_lines(
 ) -> list[str]:
     """Spend against every budget of the session: its own, its tenant's, its agents'."""
     from anabranch.agents import Budget
+    from anabranch.runtime._history import session_outline
     from anabranch.runtime._run_limits import period_start, usage_tokens
 
     lines = []
@@ -126,7 +126,7 @@ async def budget_lines(
             period = f"this {budget.per}" if budget.per else "in all"
             line += f" {period}: {_spent(total.tokens, total.cost_usd, budget)}"
         lines.append(line)
-    budgets = dict(_agent_budgets(json.loads(session.definition or "{}")))
+    budgets = dict(_agent_budgets(session_outline(session)))
     stack = list(roots)
     while stack:
         node = stack.pop(0)

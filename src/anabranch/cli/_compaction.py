@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from anabranch.cli._common import CliError, add_command, open_store
 from anabranch.errors import SessionNotFoundError
@@ -33,8 +33,9 @@ def _outcome(boundary: BoundaryRecord) -> str:
 def _manifest_lines(boundary: BoundaryRecord, full: bool) -> list[str]:
     """The loss manifest of an ``ok`` compaction, as indented lines (see context.digest)."""
     from anabranch.context._digest import handle_ranges
+    from anabranch.runtime._history import boundary_extra
 
-    extra: dict[str, Any] = json.loads(boundary.extra) if boundary.extra else {}
+    extra = boundary_extra(boundary)
     found = extra.get("manifest")
     if boundary.kind != "compaction" or boundary.status != "ok" or not isinstance(found, dict):
         return []

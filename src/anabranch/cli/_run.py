@@ -8,7 +8,6 @@ recorded when the session started, and only while that file is byte for byte unc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -197,6 +196,7 @@ def _note_incomplete(result: Any) -> None:
 
 async def cmd_resume(args: argparse.Namespace) -> int:
     from anabranch.agents import Agent
+    from anabranch.runtime._history import session_outline
     from anabranch.runtime._loader import load_recorded, recorded_digest
 
     check_db(args.db)
@@ -218,7 +218,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
             session.source, recorded_digest(session.definition), f"session {session.id}"
         )
     if definition is not None and session.definition:
-        overrides = json.loads(session.definition).get(OVERRIDES_KEY) or {}
+        overrides = session_outline(session).get(OVERRIDES_KEY) or {}
         definition = _override(definition, overrides)
     # a finished session is answered from the store: no model, no file to run
     model = None if finished else _model_for(args, source if definition else None)

@@ -24,6 +24,7 @@ from anabranch.agents import Tool
 from anabranch.errors import ApprovalPendingError, UserError
 from anabranch.messages import ToolUseBlock
 from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._history import tool_event_payload
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._view import RunView
 from anabranch.store import Store, ToolEventRecord
@@ -116,7 +117,7 @@ async def gate_calls(
     for use in asking:
         decision = decided.get(use.id)
         if decision is not None:
-            answer = json.loads(decision.content or "{}")
+            answer = tool_event_payload(decision)
             if not answer.get("approved"):
                 outcome = ToolOutcome(denial_text(answer.get("reason", "")), True)
                 await run.store.record_tool_event(
@@ -170,7 +171,7 @@ async def pending_approvals(store: Store, session_id: str) -> list[PendingApprov
     events = await store.session_tool_events(session_id, (APPROVAL_REQUESTED, APPROVAL_DECIDED))
     decided = {(e.run_id, e.call_id) for e in events if e.event == APPROVAL_DECIDED}
     return [
-        PendingApproval(e.run_id, e.call_id, e.name, json.loads(e.content or "{}"), e.created)
+        PendingApproval(e.run_id, e.call_id, e.name, tool_event_payload(e), e.created)
         for e in events
         if e.event == APPROVAL_REQUESTED and (e.run_id, e.call_id) not in decided
     ]

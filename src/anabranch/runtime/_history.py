@@ -55,6 +55,8 @@ __all__ = [
     "boundary_prefix",
     "boundary_ranges",
     "call_usage",
+    "outline_from",
+    "tool_event_payload",
     "context_for",
     "exchange_turns",
     "load_messages",
@@ -269,10 +271,30 @@ def call_usage(call: CallRecord) -> Usage:
 # ---------------------------------------------------------------------- sessions
 def session_outline(session: SessionRecord) -> dict[str, Any]:
     """The structure of a session's definition (agents, or a graph's tasks), as recorded."""
-    if not session.definition:
+    return outline_from(session.definition)
+
+
+def outline_from(definition: str | None) -> dict[str, Any]:
+    """A recorded definition outline ({} when there is none or it does not parse)."""
+    if not definition:
         return {}
-    outline = json.loads(session.definition)
+    try:
+        outline = json.loads(definition)
+    except ValueError:
+        return {}
     return outline if isinstance(outline, dict) else {}
+
+
+# ---------------------------------------------------------------------- tool events
+def tool_event_payload(event: ToolEventRecord) -> dict[str, Any]:
+    """The JSON object a tool event carries (approval requests and decisions): {} if none."""
+    if not event.content:
+        return {}
+    try:
+        payload = json.loads(event.content)
+    except ValueError:
+        return {}
+    return payload if isinstance(payload, dict) else {}
 
 
 # ---------------------------------------------------------------------- boundaries

@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from anabranch.errors import UserError
+from anabranch.runtime._history import outline_from
 
 __all__ = [
     "DIGEST_KEY",
@@ -184,13 +184,7 @@ DIGEST_KEY = "source_sha256"
 
 def recorded_digest(definition: str | None) -> str | None:
     """The digest recorded in a session's ``definition`` outline (JSON), if any."""
-    if not definition:
-        return None
-    try:
-        outline = json.loads(definition)
-    except ValueError:
-        return None
-    value = outline.get(DIGEST_KEY) if isinstance(outline, dict) else None
+    value = outline_from(definition).get(DIGEST_KEY)
     return value if isinstance(value, str) else None
 
 

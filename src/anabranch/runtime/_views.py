@@ -4,7 +4,6 @@ the HTML report are built from these (fields are only ever added; see docs/json.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -12,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from anabranch.context._cache import cache_read_ratio
 from anabranch.context._pricing import PriceTable
 from anabranch.messages import Usage
+from anabranch.runtime._history import boundary_extra, outline_from
 from anabranch.runtime._report import CallStats, RunNode, session_tree
 from anabranch.store import BoundaryRecord, SessionRecord, Store
 
@@ -133,11 +133,8 @@ class SessionView(_View):
 def _limits(definition: str | None) -> dict[str, tuple[int | None, int | None]]:
     """Window and threshold per agent name, from the session's stored outline."""
     found: dict[str, tuple[int | None, int | None]] = {}
-    if not definition:
-        return found
-    try:
-        outline = json.loads(definition)
-    except ValueError:
+    outline = outline_from(definition)
+    if not outline:
         return found
     stack = [outline] + list(outline.get("tasks", []) if isinstance(outline, dict) else [])
     while stack:
@@ -242,12 +239,7 @@ _KNOWN_BOUNDARY_FIELDS = {
 
 def _compaction_view(boundary: BoundaryRecord, agent: str | None) -> CompactionView:
     details: dict[str, Any] = {}
-    if boundary.extra:
-        try:
-            extra = json.loads(boundary.extra)
-            details.update(extra if isinstance(extra, dict) else {"extra": extra})
-        except ValueError:
-            details["extra"] = boundary.extra
+    details.update(boundary_extra(boundary))
     details.update(boundary.details or {})
     for name, value in vars(boundary).items():  # columns other engineers add land here too
         if name not in _KNOWN_BOUNDARY_FIELDS and value is not None:
