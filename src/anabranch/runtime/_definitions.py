@@ -11,7 +11,7 @@ from anabranch.errors import UserError
 from anabranch.models._base import Model
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.runtime._compactor import CompactingPipeline
-from anabranch.runtime._loader import load_recorded, recorded_digest
+from anabranch.runtime._loader import resolve_recorded
 from anabranch.runtime._memory import ForgetTool, LogTool, RememberTool
 from anabranch.runtime._pipeline import ContextPipeline
 from anabranch.runtime._recall import RecallTool
@@ -74,16 +74,10 @@ def resolve_agent(
                 f"session {session.id} was run by agent {session.entry!r}, not {agent.name!r}"
             )
         return agent
-    if session.entry in registered:
-        return registered[session.entry]
-    if session.source:
-        loaded = load_recorded(
-            session.source, recorded_digest(session.definition), f"session {session.id}"
-        )
-        if isinstance(loaded, Agent) and loaded.name == session.entry:
-            register(loaded)
-            return loaded
-    raise UserError(
-        f"cannot find agent {session.entry!r} to resume session {session.id}: pass it to "
-        "resume(session_id, agent=...) or Runtime(agents=[...])"
+    return resolve_recorded(
+        session,
+        Agent,
+        registered,
+        register,
+        hint="pass it to resume(session_id, agent=...) or Runtime(agents=[...])",
     )

@@ -16,7 +16,6 @@ from typing import Any
 import anyio
 
 from anabranch.agents import Graph, Task
-from anabranch.errors import UserError
 from anabranch.runtime._children import (
     RunOutcome,
     capped_report,
@@ -25,7 +24,7 @@ from anabranch.runtime._children import (
     settle_subtree,
 )
 from anabranch.runtime._environment import Environment
-from anabranch.runtime._loader import load_recorded, recorded_digest
+from anabranch.runtime._loader import resolve_recorded
 from anabranch.runtime._results import GraphResult, TaskResult, build_result
 from anabranch.runtime._run_limits import parse_stop
 from anabranch.runtime._session import SessionDriver, SessionEnd
@@ -77,19 +76,12 @@ def resolve_graph(
 ) -> Graph:
     """The graph of a session: registered by name, or loaded from its source (and then
     registered)."""
-    registered = graphs.get(session.entry)
-    if registered is not None:
-        return registered
-    if session.source:
-        loaded = load_recorded(
-            session.source, recorded_digest(session.definition), f"session {session.id}"
-        )
-        if isinstance(loaded, Graph) and loaded.name == session.entry:
-            register(loaded)
-            return loaded
-    raise UserError(
-        f"cannot find graph {session.entry!r} to resume session {session.id}: register it "
-        "with rt.register(graph) or Runtime(graphs=[...]) first"
+    return resolve_recorded(
+        session,
+        Graph,
+        graphs,
+        register,
+        hint="register it with rt.register(graph) or Runtime(graphs=[...]) first",
     )
 
 

@@ -13,12 +13,16 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from anabranch.errors import UserError
-from anabranch.runtime._history import outline_from
+
+if TYPE_CHECKING:  # kept out of import time: `anabranch worker --help` loads this module
+    from anabranch.agents import Agent, Graph
+    from anabranch.store import SessionRecord
 
 __all__ = [
     "DIGEST_KEY",
@@ -28,6 +32,7 @@ __all__ = [
     "load_recorded",
     "parse_reference",
     "recorded_digest",
+    "resolve_recorded",
     "source_digest",
     "split_reference",
 ]
@@ -184,6 +189,8 @@ DIGEST_KEY = "source_sha256"
 
 def recorded_digest(definition: str | None) -> str | None:
     """The digest recorded in a session's ``definition`` outline (JSON), if any."""
+    from anabranch.runtime._history import outline_from
+
     value = outline_from(definition).get(DIGEST_KEY)
     return value if isinstance(value, str) else None
 
@@ -194,3 +201,33 @@ def split_reference(reference: str) -> tuple[Path, str]:
     if ref.path is None:
         raise UserError(f"{reference!r} names a module, not a file")
     return ref.path, ref.name
+
+
+Definition = TypeVar("Definition", "Agent", "Graph")
+
+
+def resolve_recorded(
+    session: SessionRecord,
+    kind: type[Definition],
+    registered: Mapping[str, Definition],
+    register: Callable[[Definition], None],
+    *,
+    hint: str,
+) -> Definition:
+    """The agent or graph a session runs: registered under its entry name, else the one its
+    recorded source file defines (only if that file is unchanged since the session started;
+    it is then registered). ``hint`` ends the error when neither has it."""
+    found = registered.get(session.entry)
+    if found is not None:
+        return found
+    if session.source:
+        loaded = load_recorded(
+            session.source, recorded_digest(session.definition), f"session {session.id}"
+        )
+        if isinstance(loaded, kind) and loaded.name == session.entry:
+            register(loaded)
+            return loaded
+    noun = kind.__name__.lower()
+    raise UserError(
+        f"cannot find {noun} {session.entry!r} to resume session {session.id}: {hint}"
+    )
