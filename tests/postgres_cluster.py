@@ -21,7 +21,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -34,7 +34,7 @@ class Cluster:
     host: str
     port: int
     user: str
-    password: str
+    password: str = field(repr=False)  # never in a failure report
     bindir: Path
     data: Path
 
