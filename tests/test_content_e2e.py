@@ -5,12 +5,8 @@ refuses (400) any thinking block that is missing, altered or out of place."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -20,6 +16,7 @@ from anabranch import AnthropicModel, Image, Runtime
 from anabranch.messages import ModelRequest, ModelResponse, ToolResultBlock
 from anabranch.testing import MessagesServer, TestModel
 from anabranch.testing._models import is_summary_request
+from tests.kill_helpers import cli_env, run_and_kill
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -84,46 +81,16 @@ class PerAgent:
         return await model.request(request)
 
 
-def _env(srv: MessagesServer) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    env.update(
-        ANTHROPIC_BASE_URL=srv.base_url,
-        ANTHROPIC_API_KEY="test",
-        ANTHROPIC_OPEN_TELEMETRY="false",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")])),
-    )
-    return env
-
-
-async def _until(predicate: Any, what: str, process: anyio.abc.Process) -> None:
-    with anyio.fail_after(90, reason=what):
-        while not predicate():
-            assert process.returncode is None, "anabranch run ended before the kill point"
-            await anyio.sleep(0.02)
-
-
 async def test_supervisor_and_thinking_sub_agents_survive_kill_9(tmp_path: Path) -> None:
     (tmp_path / "team.py").write_text(AGENTS)
     (tmp_path / "hold").touch()
     db = tmp_path / "runs.db"
     async with MessagesServer(PerAgent()) as srv:
-        env = _env(srv)
-        command = [sys.executable, "-m", "anabranch", "run", f"{tmp_path}/team.py:supervisor",
-                   "How do tides work?", "--db", str(db)]  # fmt: skip
-        with open(tmp_path / "stderr.txt", "w") as stderr:
-            run = await anyio.open_process(
-                command, env=env, stdout=subprocess.DEVNULL, stderr=stderr
-            )
-            try:
-                await _until((tmp_path / "reached").exists, "the second screenshot", run)
-            finally:
-                os.kill(run.pid, signal.SIGKILL)
-                with anyio.fail_after(30):
-                    await run.wait()
-        assert run.returncode == -signal.SIGKILL
+        session_id = await run_and_kill(
+            srv, tmp_path, f"{tmp_path}/team.py:supervisor", "How do tides work?", db,
+            what="the second screenshot",
+        )  # fmt: skip
         before_kill = len(srv.log)
-        (tmp_path / "hold").unlink()
-        session_id = (tmp_path / "stderr.txt").read_text().split("session ", 1)[1].split()[0]
 
         model = AnthropicModel(base_url=srv.base_url, api_key="test")
         try:
@@ -137,7 +104,7 @@ async def test_supervisor_and_thinking_sub_agents_survive_kill_9(tmp_path: Path)
         with anyio.fail_after(60):
             show = await anyio.run_process(
                 [sys.executable, "-m", "anabranch", "show", session_id, "--calls", "--db", str(db)],
-                env=env,
+                env=cli_env(srv),
             )
 
     assert result.status == "done", result.error

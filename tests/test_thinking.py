@@ -104,7 +104,7 @@ async def _create(srv: MessagesServer, **body: Any) -> Any:
     client = _client(srv)
     try:
         return await client.messages.create(
-            **{"model": "claude-sonnet-5-5", "max_tokens": 2048, **body}
+            **{"model": "claude-haiku-4-5", "max_tokens": 2048, **body}
         )
     finally:
         await client.close()
@@ -184,7 +184,7 @@ async def test_streamed_thinking_and_signature_are_assembled() -> None:
         try:
             response = await model.request(
                 ModelRequest(
-                    model="claude-sonnet-5-5",
+                    model="claude-haiku-4-5",
                     messages=(Message.user("think"),),
                     max_tokens=4000,
                     settings=ModelSettings(thinking_budget=1024),

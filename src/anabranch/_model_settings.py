@@ -8,8 +8,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from anabranch._text import canonical_json
+from anabranch._thinking_models import ThinkingMode
 
-__all__ = ["MIN_THINKING_BUDGET", "ModelSettings", "ToolChoice"]
+__all__ = ["MIN_THINKING_BUDGET", "ModelSettings", "ThinkingMode", "ToolChoice"]
 
 
 ToolChoice = str
@@ -33,6 +34,10 @@ class ModelSettings(_Frozen):
     ``thinking_budget``; the ``Agent`` checks that, since it owns ``max_tokens``.
     """
 
+    thinking: ThinkingMode | None = None
+    """``"adaptive"``: the model decides when and how much to think (the only mode some
+    models accept); ``"enabled"``: a fixed ``thinking_budget`` (set by giving one);
+    ``None`` (default): off, or the model's own default where thinking cannot be off."""
     thinking_budget: int | None = Field(None, ge=MIN_THINKING_BUDGET)
     """Extended thinking on with this many tokens to think in; ``None`` (default): off."""
     temperature: float | None = Field(None, ge=0.0, le=1.0)
@@ -64,30 +69,43 @@ class ModelSettings(_Frozen):
             raise ValueError("tool_choice must be 'auto', 'any', 'none' or a tool name")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_from_budget(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("thinking_budget") is not None:
+            mode = data.get("thinking")
+            if mode == "adaptive":
+                raise ValueError(
+                    "thinking='adaptive' takes no thinking_budget: the model decides how much "
+                    "to think (drop thinking_budget, or use thinking='enabled' with it)"
+                )
+            if mode is None:
+                data = {**data, "thinking": "enabled"}
+        return data
+
     @model_validator(mode="after")
     def _compatible(self) -> ModelSettings:
-        if self.thinking_budget is None:
+        if self.thinking == "enabled" and self.thinking_budget is None:
+            raise ValueError("thinking='enabled' needs a thinking_budget (at least 1024 tokens)")
+        if self.thinking is None:
             return self
+        what = "thinking_budget" if self.thinking == "enabled" else "thinking='adaptive'"
         if self.temperature is not None and self.temperature != 1.0:
             raise ValueError(
-                "thinking_budget cannot be combined with temperature (the API allows only "
+                f"{what} cannot be combined with temperature (the API allows only "
                 "temperature=1 when thinking is enabled)"
             )
         if self.top_k is not None:
-            raise ValueError("thinking_budget cannot be combined with top_k")
+            raise ValueError(f"{what} cannot be combined with top_k")
         if self.top_p is not None and self.top_p < 0.95:
-            raise ValueError("with thinking_budget, top_p must be between 0.95 and 1")
+            raise ValueError(f"with {what}, top_p must be between 0.95 and 1")
         if self.forces_tool_use:
             raise ValueError(
-                f"thinking_budget cannot be combined with tool_choice={self.tool_choice!r}: "
+                f"{what} cannot be combined with tool_choice={self.tool_choice!r}: "
                 "thinking may not be enabled when tool_choice forces tool use "
                 "(use 'auto' or 'none')"
             )
         return self
-
-    @property
-    def thinking(self) -> bool:
-        return self.thinking_budget is not None
 
     @property
     def forces_tool_use(self) -> bool:
@@ -98,10 +116,12 @@ class ModelSettings(_Frozen):
 
     def cache_key(self) -> str:
         """What of these settings keys the messages part of the prompt cache."""
+        if self.thinking == "adaptive":
+            return canonical_json(["adaptive", self.tool_choice])
         return canonical_json([self.thinking_budget, self.tool_choice])
 
     def without_thinking(self) -> ModelSettings:
-        return self.model_copy(update={"thinking_budget": None})
+        return self.model_copy(update={"thinking": None, "thinking_budget": None})
 
 
 _DEFAULT_SETTINGS = ModelSettings()

@@ -68,6 +68,7 @@ StopReason = Literal[
     "pause_turn",
     "refusal",
     "model_context_window_exceeded",
+    "compaction",
 ]
 
 

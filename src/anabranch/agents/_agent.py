@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from anabranch._thinking_models import accepts_thinking_mode, thinking_always_on
 from anabranch.agents._budget import Budget, OnLimit
 from anabranch.agents._memory import InstructionLevel, Memory
 from anabranch.agents._policy import ContextPolicy
@@ -146,6 +147,7 @@ class Agent(BaseModel):
                 f"model_settings.thinking_budget ({budget}): thinking tokens count toward "
                 "max_tokens"
             )
+        _check_thinking_model(self.model, self.model_settings)
         choice = self.model_settings.tool_choice
         if choice not in (None, "auto", "any", "none"):
             offered = {*names, *RESERVED_TOOL_NAMES}
@@ -165,3 +167,24 @@ class Agent(BaseModel):
 
     def subagent(self, name: str) -> Agent | None:
         return next((a for a in self.subagents if a.name == name), None)
+
+
+def _check_thinking_model(model: str, settings: ModelSettings) -> None:
+    """What ``model``'s family refuses: a budget where only adaptive thinking is accepted,
+    adaptive thinking where only a budget is, forced tool use where thinking is always on."""
+    mode = settings.thinking
+    if mode is not None and not accepts_thinking_mode(model, mode):
+        if mode == "enabled":
+            raise ValueError(
+                f"{model} accepts only adaptive thinking: use "
+                "ModelSettings(thinking='adaptive') instead of thinking_budget"
+            )
+        raise ValueError(
+            f"{model} does not support adaptive thinking: use "
+            "ModelSettings(thinking_budget=N) instead of thinking='adaptive'"
+        )
+    if thinking_always_on(model) and settings.forces_tool_use:
+        raise ValueError(
+            f"{model} always thinks, and thinking may not be combined with "
+            f"tool_choice={settings.tool_choice!r} (use 'auto' or 'none')"
+        )

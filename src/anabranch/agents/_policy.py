@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["CompactionStrategy", "ContextPolicy"]
 
-CompactionStrategy = Literal["summarize", "verbatim", "window"]
+CompactionStrategy = Literal["summarize", "verbatim", "window", "server"]
 
 
 class ContextPolicy(BaseModel):
@@ -30,6 +30,9 @@ class ContextPolicy(BaseModel):
     """At most this many tokens kept verbatim after a compaction; default a quarter of the
     room the messages have below the threshold (so a compaction always frees a share)."""
     strategy: CompactionStrategy = "summarize"
+    """``summarize`` (our summarizer), ``verbatim``, ``window`` (no model), or ``server``:
+    the Messages API writes the summary (beta ``compact-2026-09-04``, an ``AnthropicModel``
+    only) and the kept turns' thinking stays valid on models with preserved thinking."""
     tool_result_max_chars: int = Field(20_000, gt=0)
     """A tool result longer than this is spilled to the store; the context keeps a preview.
     The cap also never exceeds ``tool_result_max_share`` of the window."""

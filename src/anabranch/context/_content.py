@@ -117,7 +117,7 @@ def leading_thinking_intact(messages: Sequence[Message]) -> bool:
 
 
 def content_violations(
-    before: Sequence[Message], after: Sequence[Message], *, thinking: bool
+    before: Sequence[Message], after: Sequence[Message], *, thinking: bool | str | None
 ) -> list[str]:
     """Why ``after`` (a compacted ``before``) breaks the thinking rules; empty when it
     does not: no thinking block edited or invented, and with thinking on the last

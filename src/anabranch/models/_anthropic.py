@@ -112,6 +112,8 @@ class AnthropicModel:
         return self._gateway.gateway
 
     async def request(self, request: ModelRequest) -> ModelResponse:
+        if "compaction" in request.settings.extra_body:
+            return await self._compaction(request)
         params = self._params(request)
         with _map_errors(self._gateway):
             async with self._client.messages.stream(**params) as stream:
@@ -121,6 +123,8 @@ class AnthropicModel:
 
     async def request_streaming(self, request: ModelRequest, on_delta: DeltaSink) -> ModelResponse:
         """``request``, handing each text and thinking delta to ``on_delta`` as it arrives."""
+        if "compaction" in request.settings.extra_body:
+            return await self._compaction(request)  # one block, nothing to stream
         params = self._params(request)
         with _map_errors(self._gateway):
             async with self._client.messages.stream(**params) as stream:
@@ -145,6 +149,28 @@ class AnthropicModel:
         with _map_errors(self._gateway):
             result = await self._client.messages.count_tokens(**params)
         return int(result.input_tokens)
+
+    async def compact(
+        self, request: ModelRequest, instructions: str | None = None
+    ) -> ModelResponse:
+        """Compaction on demand (beta ``compact-2026-09-04``): the API summarizes
+        ``request``'s messages and answers with one signed ``compaction`` block (kept as a
+        ``RawBlock``, sent back first in ``messages`` in their place)."""
+        return await self.request(compaction_request(request, instructions))
+
+    async def _compaction(self, request: ModelRequest) -> ModelResponse:
+        """A compaction request (its ``compaction`` parameter in the settings' extra body):
+        sent on the SDK's beta surface, which knows the block, without what shapes a reply."""
+        params = self._params(request)
+        for key in ("stop_sequences", "diagnostics"):  # they shape a reply, and there is none
+            params.pop(key, None)
+        if request.settings.forces_tool_use:
+            params.pop("tool_choice", None)
+        with_beta(params, COMPACT_BETA)
+        client: Any = self._client  # the beta surface of whichever client this is
+        with _map_errors(self._gateway):
+            final = await client.beta.messages.create(**params)
+        return _response_from_sdk(final)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -251,7 +277,38 @@ def request_to_params(request: ModelRequest) -> dict[str, Any]:
     params.update(settings_params(request.settings))
     if request.settings.cache_diagnostics:
         params["diagnostics"] = {"previous_message_id": request.previous_response_id}
+    if any(is_compaction_block(b) for m in request.messages[:1] for b in m.content):
+        with_beta(params, COMPACT_BETA)  # a request that carries an API-written summary
     return params
+
+
+COMPACT_BETA = "compact-2026-09-04"
+"""The beta of compaction on demand (``compaction`` parameter and block)."""
+
+
+def compaction_request(request: ModelRequest, instructions: str | None = None) -> ModelRequest:
+    """``request`` as a compaction request: the ``compaction`` parameter travels in the
+    settings' extra body (SDK 2.x names it only on its beta surface)."""
+    compaction: dict[str, str] = {"type": "summarize"}
+    if instructions and instructions.strip():
+        compaction["instructions"] = instructions
+    body = {**request.settings.extra_body, "compaction": compaction}
+    return request.model_copy(
+        update={"settings": request.settings.model_copy(update={"extra_body": body})}
+    )
+
+
+def is_compaction_block(block: Block) -> bool:
+    return isinstance(block, RawBlock) and block.block.get("type") == "compaction"
+
+
+def with_beta(params: dict[str, Any], beta: str) -> None:
+    """Add ``beta`` to the request's ``anthropic-beta`` header (kept with any others)."""
+    headers = dict(params.get("extra_headers") or {})
+    betas = [b.strip() for b in headers.get("anthropic-beta", "").split(",") if b.strip()]
+    if beta not in betas:
+        headers["anthropic-beta"] = ",".join([*betas, beta])
+    params["extra_headers"] = headers
 
 
 def _tool_choice(choice: str) -> dict[str, str]:
@@ -264,7 +321,9 @@ def settings_params(settings: ModelSettings) -> dict[str, Any]:
     """The request fields for ``settings`` (sampling options travel in ``extra_body``:
     the SDK 2.x no longer names them)."""
     params: dict[str, Any] = {}
-    if settings.thinking_budget is not None:
+    if settings.thinking == "adaptive":
+        params["thinking"] = {"type": "adaptive"}
+    elif settings.thinking_budget is not None:
         params["thinking"] = {"type": "enabled", "budget_tokens": settings.thinking_budget}
     if settings.stop_sequences:
         params["stop_sequences"] = list(settings.stop_sequences)

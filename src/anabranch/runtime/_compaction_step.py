@@ -39,6 +39,7 @@ from anabranch.runtime._context_view import (
     SpillWrite,
 )
 from anabranch.runtime._history import boundary_prefix, boundary_ranges, message_records
+from anabranch.runtime._thinking_view import floor_after_compaction
 from anabranch.store import BoundaryRecord
 from anabranch.traces import Tracing
 
@@ -54,6 +55,7 @@ class CompactionStep:
         self._next_seq = view.next_seq
         self._tokens = view.context_tokens
         self._compactions = view.compactions
+        self._floor = view.thinking_floor
         self._seqs: list[int | None] | None = None
         self._commits: list[BoundaryCommit] = []
         self._rebuild = False
@@ -90,6 +92,10 @@ class CompactionStep:
     @property
     def compactions(self) -> int:
         return self._compactions
+
+    @property
+    def thinking_floor(self) -> int:
+        return self._floor
 
     @property
     def context_tokens(self) -> int:
@@ -155,6 +161,7 @@ class CompactionStep:
         """Take ``commit``'s context as the one later decisions see."""
         assert commit.context is not None and commit.next_seq is not None
         self._commits.append(commit)
+        self._floor = floor_after_compaction(self._context, commit.context, self._floor)
         self._context = commit.context
         self._next_seq = commit.next_seq
         self._seqs = seqs

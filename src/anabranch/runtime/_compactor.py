@@ -6,7 +6,8 @@ Before every model call, for the run about to call (each run has its own policy)
    the context gets a preview ending in ``recall id=<handle>``;
 2. above the soft threshold (``clear_at``), tool results older than the last
    ``clear_tool_results_after`` become one-line stubs with their handle;
-3. above the threshold, the context is compacted with the policy's strategy;
+3. above the threshold, the context is compacted with the policy's strategy (``server``:
+   the API writes the summary, see ``_server_compaction``);
 4. on ``prompt is too long``, it is compacted again keeping fewer messages, then retried;
 5. after ``max_compaction_failures`` failures in a row the breaker opens (``_breaker``):
    the run fails (``on_compaction_failure="fail"``) or goes on with the ``window``
@@ -81,6 +82,7 @@ from anabranch.runtime._context_view import (
 from anabranch.runtime._head import context_text, handles_in, originals, previous_summary
 from anabranch.runtime._limits import ChannelLimits
 from anabranch.runtime._run_prompt import with_breakpoints
+from anabranch.runtime._server_compaction import server_rebuild
 from anabranch.runtime._summarizer import SummarizerFailed, summarize
 
 __all__ = ["CompactingPipeline", "CompactionOutcome", "breaker_open", "consecutive_failures"]
@@ -366,6 +368,8 @@ class CompactingPipeline:
         seqs: list[int | None],
         details: dict[str, Any],
     ) -> tuple[Rebuilt, Manifest | None] | None:
+        if strategy == "server":  # the API writes the summary: see ``_server_compaction``
+            return await server_rebuild(step, level, self._tail_budget(step, level), seqs, details)
         policy = step.agent.context
         nothing = level >= KEEP_NOTHING_LEVEL
         split = choose_split(

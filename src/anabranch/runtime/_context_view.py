@@ -77,6 +77,11 @@ class ContextView(Protocol):
 
     @property
     def compactions(self) -> int: ...
+
+    @property
+    def thinking_floor(self) -> int:
+        """Leading context messages whose thinking requests leave out (``_thinking_view``)."""
+        ...
     @property
     def context_tokens(self) -> int:
         """The context's size as the next request would count it (anchored on usage)."""

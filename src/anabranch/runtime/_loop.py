@@ -67,6 +67,7 @@ from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import LimitStop, session_limits
 from anabranch.runtime._run_prompt import build_prompt, run_request, with_breakpoints
 from anabranch.runtime._session_view import run_spend
+from anabranch.runtime._thinking_view import floor_after_load, request_messages
 from anabranch.runtime._tool_calls import INTERRUPTED_REPORT, ToolCalls
 from anabranch.store import CallRecord, MessageRecord, RunRecord, Store
 from anabranch.traces import SpanRef, Tracing
@@ -104,6 +105,7 @@ class AgentRun(ToolCalls, RunContext):
         """The latest committed response's id (what cache diagnostics compare against)."""
         self.appended_since_usage: list[Message] = []
         self.compactions = 0
+        self.thinking_floor = 0  # leading messages produced under an earlier prefix
         self._fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None = None
         """Tool calls of the response just committed here, and those marked started with it."""
         self.committed_results: dict[str, ToolResultBlock] = {}
@@ -219,6 +221,7 @@ class AgentRun(ToolCalls, RunContext):
             run.context, records = await context_for(
                 store, record.id, boundary.prefix, boundary_ranges(boundary)
             )
+        run.thinking_floor = floor_after_load(run, records, boundary, snapshot)
         run.next_seq = await store.next_seq(record.id)
         # A call still in flight was cut off by a crash: close it; its request is rebuilt
         # byte for byte from the same snapshot and messages and sent again.
@@ -288,6 +291,7 @@ class AgentRun(ToolCalls, RunContext):
         record = snapshot_record(self.id, self.snapshot_version, system, tools, reason=reason)
         await self.env.store.save_snapshot(record)
         self.system, self.tools = system, tools
+        self.thinking_floor = len(self.context)
 
     def build_request(
         self,
@@ -302,7 +306,9 @@ class AgentRun(ToolCalls, RunContext):
             self.agent,
             self.system,
             self.tools,
-            self.context if context is None else context,
+            request_messages(self.agent.model, self.context, self.thinking_floor)
+            if context is None
+            else context,
             last_response_id=self.last_response_id,
             tool_choice=tool_choice,
             max_tokens=max_tokens,

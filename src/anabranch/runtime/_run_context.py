@@ -26,6 +26,7 @@ from anabranch.runtime._context_view import (
 )
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._history import message_records
+from anabranch.runtime._thinking_view import floor_after_compaction as floor_after
 from anabranch.store import MessageRecord, RunRecord, Store
 
 __all__ = ["PipelineStep", "RunContext", "commit_change"]
@@ -59,6 +60,8 @@ class RunContext:
     turns: int
     turn_base: int
     compactions: int
+    thinking_floor: int
+    """Leading context messages produced under an earlier prefix (``_thinking_view``)."""
     last_usage: Usage | None
     appended_since_usage: list[Message]
     committed_results: dict[str, ToolResultBlock]
@@ -160,6 +163,7 @@ class RunContext:
             if commit.context is not None and commit.next_seq is not None:
                 boundary_id = committed_id
                 self.next_seq = commit.next_seq
+                self.thinking_floor = floor_after(self.context, commit.context, self.thinking_floor)
                 self.context = list(commit.context)
                 self.last_usage = None
                 self.appended_since_usage = list(commit.context)

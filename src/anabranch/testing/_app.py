@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import anyio
 
+from anabranch._thinking_models import prefix_bound
 from anabranch.context._tokens import estimate_request
 from anabranch.errors import (
     ModelAPIError,
@@ -23,16 +24,27 @@ from anabranch.errors import (
     PromptTooLongError,
     RateLimitedError,
 )
-from anabranch.messages import ModelResponse, ToolResultBlock, ToolUseBlock, Usage
+from anabranch.messages import (
+    Block,
+    ModelRequest,
+    ModelResponse,
+    RedactedThinkingBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
 from anabranch.models._base import Model
 from anabranch.testing._cache import PromptCache, prefix_blocks
 from anabranch.testing._clouds import CloudRoute, as_messages_request, bedrock_reply, cloud_route
+from anabranch.testing._compaction import compaction_response, compaction_wire
 from anabranch.testing._diagnostics import CacheDiagnostics
 from anabranch.testing._faults import Fault, FaultPlan
 from anabranch.testing._http import Hangup, HTTPRequest, Reply
 from anabranch.testing._output import fit_to_max_tokens, output_tokens
 from anabranch.testing._records import RequestRecord
-from anabranch.testing._validation import validate
+from anabranch.testing._signing import bind, chained, request_chain, sealed
+from anabranch.testing._validation import check_bindings, validate
 from anabranch.testing._wire import (
     APIFailure,
     WireRequest,
@@ -88,6 +100,7 @@ class _Trace:
     error_message: str | None = None
     fault: Fault | None = None
     wire: WireRequest | None = field(default=None)
+    dropped_thinking: tuple[str, ...] = ()
 
     def record(self, status: int) -> RequestRecord:
         return RequestRecord(
@@ -103,6 +116,8 @@ class _Trace:
             error_message=self.error_message,
             fault=self.fault.kind if self.fault else None,
             request=self.wire.request if self.wire else None,
+            compaction=bool(self.wire and self.wire.compaction),
+            dropped_thinking=self.dropped_thinking,
         )
 
 
@@ -232,7 +247,7 @@ class MessagesApp:
     def _count_tokens(self, trace: _Trace, request: HTTPRequest) -> Reply:
         wire = parse_body(request.body, count_tokens=True)
         trace.wire, trace.model = wire, wire.request.model
-        validate(wire, context_limit=None)
+        validate(wire, context_limit=None, betas=_betas(request))
         tokens = estimate_request(wire.request)
         trace.usage = Usage(input_tokens=tokens)
         return self._json(trace, 200, {"input_tokens": tokens})
@@ -253,8 +268,14 @@ class MessagesApp:
         trace.wire, trace.model, trace.stream = wire, wire.request.model, wire.stream
         if fault is not None:
             self._raise_for_fault(fault, stream=wire.stream)
-        validate(wire, context_limit=self.settings.context_limit)
-        response = await self._ask_policy(trace, wire)
+        validate(wire, context_limit=self.settings.context_limit, betas=_betas(request))
+        wire, trace.dropped_thinking = check_bindings(wire)
+        if wire.compaction:
+            response = await self._ask_policy(trace, compaction_wire(wire))
+            if not isinstance(response, Hangup):
+                response = compaction_response(wire.request, response)
+        else:
+            response = await self._ask_policy(trace, wire)
         if isinstance(response, Hangup):
             return response
         trace.message_id, trace.usage = response.id, response.usage
@@ -319,6 +340,8 @@ class MessagesApp:
         response = fit_to_max_tokens(response, request.max_tokens)
         output = response.usage.output_tokens or output_tokens(response.content)
         output = min(output, request.max_tokens)
+        if prefix_bound(request.model):
+            response = _bound_to_prefix(request, response)
         thinking = tuple(b for b in response.content if b.type in ("thinking", "redacted_thinking"))
         thought = response.usage.thinking_tokens or (output_tokens(thinking) if thinking else 0)
         return response.model_copy(
@@ -352,3 +375,22 @@ class MessagesApp:
             drop_after = cut
         self.log.append(trace.record(200))
         return Reply(200, tuple(headers), tuple(events), stream=True, drop_after=drop_after)
+
+
+def _betas(request: HTTPRequest) -> frozenset[str]:
+    raw = request.headers.get("anthropic-beta", "")
+    return frozenset(b.strip() for b in raw.split(",") if b.strip())
+
+
+def _bound_to_prefix(request: ModelRequest, response: ModelResponse) -> ModelResponse:
+    """``response`` with each thinking block signed for the prefix it follows: the
+    request's system, tools and messages, and the blocks before it in this answer."""
+    state, first = request_chain(request.system, request.tools, request.messages)
+    for message in request.messages[first:]:
+        state = chained(state, message)
+    content: list[Block] = []
+    for block in response.content:
+        if isinstance(block, ThinkingBlock | RedactedThinkingBlock):
+            block = bind(block, sealed(state, content))
+        content.append(block)
+    return response.model_copy(update={"content": tuple(content)})

@@ -35,6 +35,11 @@ class RequestRecord(BaseModel):
     """The fault injected into this request, if any."""
     request: ModelRequest | None = None
     """The parsed request, when it could be parsed."""
+    compaction: bool = False
+    """A compaction request (the ``compaction`` parameter): answered with one block."""
+    dropped_thinking: tuple[str, ...] = ()
+    """Paths (``messages.i.content.j``) of the thinking blocks removed before the model saw
+    the request: they failed the prefix check under ``prefix_mismatch_behavior: "drop_block"``."""
 
     @property
     def input_tokens(self) -> int:

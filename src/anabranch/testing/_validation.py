@@ -6,7 +6,9 @@ Checked in this order; the first violation is reported as a 400 ``invalid_reques
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
+from anabranch._thinking_models import accepts_thinking_mode, prefix_bound, thinking_always_on
 from anabranch.context._tokens import estimate_request
 from anabranch.messages import (
     Message,
@@ -17,10 +19,19 @@ from anabranch.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from anabranch.testing._signing import signature_valid
+from anabranch.testing._signing import (
+    bound_prefix,
+    chained,
+    compaction_content,
+    compaction_record,
+    leading_compaction,
+    request_chain,
+    sealed,
+    signature_valid,
+)
 from anabranch.testing._wire import APIFailure, WireRequest
 
-__all__ = ["MAX_BREAKPOINTS", "validate"]
+__all__ = ["COMPACT_BETA", "MAX_BREAKPOINTS", "check_bindings", "validate"]
 
 MAX_BREAKPOINTS = 4
 
@@ -32,14 +43,59 @@ def _invalid(message: str) -> APIFailure:
 def _check_roles(messages: Sequence[Message]) -> None:
     if not messages:
         raise _invalid("messages: at least one message is required")
-    if messages[0].role != "user":
-        raise _invalid('messages: first message must use the "user" role')
-    for previous, current in zip(messages, messages[1:], strict=False):
+    record = leading_compaction(messages)
+    if record is not None:
+        # the block stands in place of the messages it summarized: the first kept message
+        # must not have the role of the last of them (the API would merge the two)
+        if len(messages) > 1 and messages[1].role == record[2]:
+            raise _invalid(
+                "messages.1: the first message after a `compaction` block has the role "
+                f'"{record[2]}" of the last summarized message; it must have the other role'
+            )
+        kept = messages[1:]
+    else:
+        kept = messages
+        if messages[0].role != "user":
+            raise _invalid('messages: first message must use the "user" role')
+    for previous, current in zip(kept, kept[1:], strict=False):
         if previous.role == current.role:
             raise _invalid(
                 'messages: roles must alternate between "user" and "assistant", '
                 f'but found multiple "{current.role}" roles in a row'
             )
+
+
+COMPACT_BETA = "compact-2026-09-04"
+
+
+def _check_compaction(wire: WireRequest, betas: frozenset[str]) -> None:
+    """A ``compaction`` block only opens ``messages``, with the signature it came with;
+    the parameter and the block need the beta; a compaction request compacts only."""
+    messages = wire.request.messages
+    found = False
+    for i, message in enumerate(messages):
+        for j, block in enumerate(message.content):
+            parts = compaction_content(block)
+            if parts is None:
+                continue
+            found = True
+            if (i, j) != (0, 0):
+                raise _invalid(
+                    f"messages.{i}.content.{j}: a `compaction` block must be the first block of "
+                    "the first message"
+                )
+            content, signature = parts
+            if content is not None and (
+                signature is None or compaction_record(content, signature) is None
+            ):
+                raise _invalid(
+                    f"messages.{i}.content.{j}: Invalid `signature` in `compaction` block"
+                )
+    if (found or wire.compaction) and COMPACT_BETA not in betas:
+        what = "`compaction` blocks" if found else "the `compaction` parameter"
+        raise _invalid(f"{what} require the `anthropic-beta: {COMPACT_BETA}` header")
+    if wire.compaction and wire.context_management:
+        raise _invalid("`compaction` cannot be combined with `context_management`")
 
 
 def _check_content(messages: Sequence[Message]) -> None:
@@ -133,13 +189,31 @@ def _check_pairing(messages: Sequence[Message]) -> None:
 _THINKING_DOCS = "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
 
 
+_ADAPTIVE_HINT = (
+    'Use "thinking.type.adaptive" and "output_config.effort" to control thinking behavior.'
+)
+
+
+def _check_mode(wire: WireRequest) -> None:
+    """What the model's family accepts as ``thinking.type``."""
+    model, kind = wire.request.model, wire.thinking_type
+    if kind == "enabled" and not accepts_thinking_mode(model, "enabled"):
+        raise _invalid(f'"thinking.type.enabled" is not supported for this model. {_ADAPTIVE_HINT}')
+    if kind == "adaptive" and not accepts_thinking_mode(model, "adaptive"):
+        raise _invalid("adaptive thinking is not supported on this model")
+    if kind == "disabled" and thinking_always_on(model):
+        raise _invalid(
+            f'"thinking.type.disabled" is not supported for this model. {_ADAPTIVE_HINT}'
+        )
+
+
 def _check_settings(request: ModelRequest, *, count_tokens: bool) -> None:
     """The rules between thinking, sampling and tool choice."""
     settings = request.settings
-    budget = settings.thinking_budget
-    if budget is None:
+    if not settings.thinking:
         return
-    if not count_tokens and request.max_tokens <= budget:
+    budget = settings.thinking_budget
+    if budget is not None and not count_tokens and request.max_tokens <= budget:
         raise _invalid(
             "`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our "
             f"documentation at {_THINKING_DOCS}#max-tokens-and-context-window-size"
@@ -166,7 +240,9 @@ def _check_settings(request: ModelRequest, *, count_tokens: bool) -> None:
 
 def _check_thinking(request: ModelRequest) -> None:
     """Thinking blocks come back unchanged; with thinking on, the last assistant turn of a
-    tool loop starts with its thinking; with it off, the final turn carries none."""
+    tool loop starts with its thinking (not on models with preserved thinking, where the
+    API itself says to remove a block bound to another prefix, and drops it on request);
+    with it off, the final turn carries none."""
     messages = request.messages
     for i, message in enumerate(messages):
         for j, block in enumerate(message.content):
@@ -197,6 +273,8 @@ def _check_thinking(request: ModelRequest) -> None:
                 "blocks, enable `thinking` in your request."
             )
         return
+    if prefix_bound(request.model):
+        return
     index = next((k for k in range(last, -1, -1) if messages[k].role == "assistant"), None)
     if index is None or not messages[index].tool_uses:
         return
@@ -212,7 +290,9 @@ def _check_thinking(request: ModelRequest) -> None:
         )
 
 
-def validate(wire: WireRequest, *, context_limit: int | None) -> None:
+def validate(
+    wire: WireRequest, *, context_limit: int | None, betas: frozenset[str] = frozenset()
+) -> None:
     """Raise ``APIFailure`` (400) for the first rule ``wire`` breaks.
 
     ``context_limit`` is the maximum prompt size in tokens; ``None`` skips that check
@@ -220,10 +300,12 @@ def validate(wire: WireRequest, *, context_limit: int | None) -> None:
     """
     request = wire.request
     messages = request.messages
+    _check_compaction(wire, betas)
     _check_roles(messages)
     _check_content(messages)
     _check_unique_ids(messages)
     _check_pairing(messages)
+    _check_mode(wire)
     _check_settings(request, count_tokens=context_limit is None)
     _check_thinking(request)
     names = [t.name for t in request.tools]
@@ -238,3 +320,55 @@ def validate(wire: WireRequest, *, context_limit: int | None) -> None:
         tokens = estimate_request(request)
         if tokens > context_limit:
             raise _invalid(f"prompt is too long: {tokens} tokens > {context_limit} maximum")
+
+
+def _binding_error(i: int, j: int, block: ThinkingBlock | RedactedThinkingBlock) -> APIFailure:
+    field = "signature" if isinstance(block, ThinkingBlock) else "data"
+    return _invalid(
+        f"messages.{i}.content.{j}: Invalid `{field}` in `{block.type}` block. The block is "
+        "bound to a different conversation. Remove the block, or set "
+        '`thinking.block_binding.prefix_mismatch_behavior` to "drop_block".'
+    )
+
+
+def check_bindings(wire: WireRequest) -> tuple[WireRequest, tuple[str, ...]]:
+    """Preserved thinking: each thinking block must come back after exactly the prefix it
+    was produced after (system, tools, every earlier message and block). The first that
+    does not, and every later one, are invalid: a 400, or with ``drop_block`` removed
+    from the request (the paths of the removed blocks are returned)."""
+    request = wire.request
+    if not prefix_bound(request.model):
+        return wire, ()
+    messages = request.messages
+    state, first = request_chain(request.system, request.tools, messages)
+    for i in range(first, len(messages)):
+        message = messages[i]
+        for j, block in enumerate(message.content):
+            if not isinstance(block, ThinkingBlock | RedactedThinkingBlock):
+                continue
+            if bound_prefix(block) == sealed(state, message.content[:j]):
+                continue
+            if not wire.drop_mismatched_thinking:
+                raise _binding_error(i, j, block)
+            return _dropped_from(wire, i, j)
+        state = chained(state, message)
+    return wire, ()
+
+
+def _dropped_from(wire: WireRequest, first: int, at: int) -> tuple[WireRequest, tuple[str, ...]]:
+    """``wire`` without every thinking block from ``messages[first].content[at]`` on."""
+    kept: list[Message] = []
+    dropped: list[str] = []
+    for i, message in enumerate(wire.request.messages):
+        if i < first or not message.thinking_blocks:
+            kept.append(message)
+            continue
+        blocks = []
+        for j, block in enumerate(message.content):
+            if isinstance(block, ThinkingBlock | RedactedThinkingBlock) and (i > first or j >= at):
+                dropped.append(f"messages.{i}.content.{j}")
+                continue
+            blocks.append(block)
+        kept.append(message.model_copy(update={"content": tuple(blocks)}))
+    request = wire.request.model_copy(update={"messages": tuple(kept)})
+    return replace(wire, request=request), tuple(dropped)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
+from anabranch._thinking_models import thinking_always_on
 from anabranch.messages import (
     IMAGE_MEDIA_TYPES,
     Attachment,
@@ -24,6 +25,7 @@ from anabranch.messages import (
     Message,
     ModelRequest,
     ModelSettings,
+    RawBlock,
     RedactedThinkingBlock,
     SystemBlock,
     TextBlock,
@@ -63,13 +65,13 @@ _MESSAGE_FIELDS = frozenset(
         "metadata", "stop_sequences", "temperature", "top_p", "top_k", "thinking",
         "cache_control", "service_tier", "container", "output_config", "inference_geo",
         "speed", "diagnostics", "user_profile_id", "workspace_id", "mcp_servers",
-        "context_management",
+        "context_management", "compaction",
     }
 )  # fmt: skip
 _COUNT_FIELDS = frozenset(
     {
         "model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control",
-        "output_config", "speed", "mcp_servers", "context_management",
+        "output_config", "speed", "mcp_servers", "context_management", "compaction",
     }
 )  # fmt: skip
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
@@ -113,6 +115,14 @@ class WireRequest:
     diagnostics: bool = False
     """The request asked for cache diagnostics."""
     previous_message_id: str | None = None
+    thinking_type: str | None = None
+    """``thinking.type`` as sent (``None``: no ``thinking`` parameter)."""
+    compaction: bool = False
+    """A compaction request (the ``compaction`` parameter): answered with the summary only."""
+    compaction_instructions: str | None = None
+    context_management: bool = False
+    drop_mismatched_thinking: bool = False
+    """``thinking.block_binding.prefix_mismatch_behavior`` is ``"drop_block"``."""
 
 
 def _fail(path: str, message: str) -> NoReturn:
@@ -290,6 +300,8 @@ def _block(raw: Any, path: str) -> tuple[Block, CacheTTL | None]:
         _no_extra(obj, frozenset({"type", "data"}), tagged)
         data = _str(_required(obj, "data", tagged), f"{tagged}.data")
         return RedactedThinkingBlock(data=data), None
+    if kind == "compaction":
+        return _compaction_block(obj, tagged), _cache_ttl(obj, tagged)
     if kind == "image":
         return _image(obj, tagged), _cache_ttl(obj, tagged)
     if kind == "document":
@@ -318,6 +330,36 @@ def _block(raw: Any, path: str) -> tuple[Block, CacheTTL | None]:
     if kind is None:
         _fail(f"{path}.type", "Field required")
     _fail(f"{path}.type", _unsupported(kind))
+
+
+def _compaction_block(obj: dict[str, Any], path: str) -> RawBlock:
+    """A ``compaction`` block as sent back (kept exactly, ``cache_control`` aside)."""
+    allowed = {"type", "content", "encrypted_content", "signature", "cache_control", "tool_changes"}
+    _no_extra(obj, frozenset(allowed), path)
+    for key in ("content", "encrypted_content", "signature"):
+        value = obj.get(key)
+        if value is not None and not isinstance(value, str):
+            _fail(f"{path}.{key}", "Input should be a valid string")
+    if obj.get("content") == "":
+        _fail(
+            f"{path}.content",
+            "compaction content cannot be empty; use null for a failed compaction",
+        )
+    return RawBlock(block={k: v for k, v in obj.items() if k != "cache_control"})
+
+
+def _compaction(raw: Any) -> tuple[bool, str | None]:
+    """The ``compaction`` parameter: (asked, the instructions replacing the server's)."""
+    if raw is None:
+        return False, None
+    obj = _dict(raw, "compaction")
+    if obj.get("type") != "summarize":
+        _fail("compaction.type", "Input should be 'summarize'")
+    _no_extra(obj, frozenset({"type", "instructions"}), "compaction")
+    instructions = obj.get("instructions")
+    if instructions is not None:
+        instructions = _str(instructions, "compaction.instructions").strip() or None
+    return True, instructions
 
 
 def _messages(
@@ -407,23 +449,57 @@ def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | 
     return float(value)
 
 
-def _thinking(raw: Any) -> int | None:
+@dataclass(frozen=True)
+class _Thinking:
+    """The ``thinking`` parameter as sent: its type (``None`` when absent), the budget of
+    ``enabled``, and what a prefix-bound block that fails its check does."""
+
+    kind: str | None = None
+    budget: int | None = None
+    drop_mismatched: bool = False
+
+
+def _block_binding(obj: dict[str, Any], path: str) -> bool:
+    raw = obj.get("block_binding")
     if raw is None:
-        return None
+        return False
+    binding = _dict(raw, f"{path}.block_binding")
+    _no_extra(binding, frozenset({"prefix_mismatch_behavior"}), f"{path}.block_binding")
+    behavior = binding.get("prefix_mismatch_behavior")
+    if behavior not in (None, "error", "drop_block"):
+        _fail(
+            f"{path}.block_binding.prefix_mismatch_behavior",
+            "Input should be 'error' or 'drop_block'",
+        )
+    return behavior == "drop_block"
+
+
+def _thinking(raw: Any) -> _Thinking:
+    if raw is None:
+        return _Thinking()
     obj = _dict(raw, "thinking")
     kind = obj.get("type")
     if kind == "disabled":
         _no_extra(obj, frozenset({"type"}), "thinking.disabled")
-        return None
+        return _Thinking(kind="disabled")
+    if kind == "adaptive":
+        _no_extra(obj, frozenset({"type", "display", "block_binding"}), "thinking.adaptive")
+        if obj.get("display") not in (None, "summarized", "omitted", "updates"):
+            _fail(
+                "thinking.adaptive.display", "Input should be 'summarized', 'omitted' or 'updates'"
+            )
+        return _Thinking(kind="adaptive", drop_mismatched=_block_binding(obj, "thinking.adaptive"))
     if kind != "enabled":
-        _fail("thinking.type", "Input should be 'enabled' or 'disabled'")
-    _no_extra(obj, frozenset({"type", "budget_tokens", "display"}), "thinking.enabled")
+        _fail("thinking.type", "Input should be 'enabled', 'disabled' or 'adaptive'")
+    allowed = frozenset({"type", "budget_tokens", "display", "block_binding"})
+    _no_extra(obj, allowed, "thinking.enabled")
     budget = _required(obj, "budget_tokens", "thinking.enabled")
     if not isinstance(budget, int) or isinstance(budget, bool):
         _fail("thinking.enabled.budget_tokens", "Input should be a valid integer")
     if budget < 1024:
         _fail("thinking.enabled.budget_tokens", "Input should be greater than or equal to 1024")
-    return budget
+    drop = _block_binding(obj, "thinking.enabled")
+    return _Thinking(kind="enabled", budget=budget, drop_mismatched=drop)
 
 
 def _tool_choice(raw: Any) -> str | None:
@@ -440,7 +516,7 @@ def _tool_choice(raw: Any) -> str | None:
     _fail("tool_choice.type", "Input should be 'auto', 'any', 'tool' or 'none'")
 
 
-def _settings(body: dict[str, Any]) -> ModelSettings:
+def _settings(body: dict[str, Any], thinking: _Thinking) -> ModelSettings:
     """The request's sampling, thinking and tool-choice options (shape-checked only: the
     rules between them are ``validate``'s)."""
     top_k = body.get("top_k")
@@ -451,7 +527,8 @@ def _settings(body: dict[str, Any]) -> ModelSettings:
     if tier is not None and tier not in ("auto", "standard_only"):
         _fail("service_tier", "Input should be 'auto' or 'standard_only'")
     fields: dict[str, Any] = {
-        "thinking_budget": _thinking(body.get("thinking")),
+        "thinking": thinking.kind if thinking.kind in ("enabled", "adaptive") else None,
+        "thinking_budget": thinking.budget,
         "temperature": _number(body, "temperature", 0.0, 1.0),
         "top_p": _number(body, "top_p", 0.0, 1.0),
         "top_k": top_k,
@@ -499,6 +576,11 @@ def parse_body(raw: bytes, *, count_tokens: bool = False) -> WireRequest:
             marks.setdefault(ref, ttl)
             if not breakpoints or breakpoints[-1][0] != last:
                 breakpoints = (*breakpoints, (last, ttl))
+    thinking = _thinking(body.get("thinking"))
+    settings = _settings(body, thinking)
+    if thinking.kind is None and thinking_always_on(model):
+        # these models think whenever ``thinking`` is absent: adaptive is their default
+        settings = settings.model_copy(update={"thinking": "adaptive"})
     request = ModelRequest(
         model=model,
         system=system,
@@ -506,9 +588,10 @@ def parse_body(raw: bytes, *, count_tokens: bool = False) -> WireRequest:
         messages=messages,
         max_tokens=max_tokens,
         message_breakpoints=breakpoints,
-    ).model_copy(update={"settings": _settings(body)})  # unchecked: ``validate`` reports
+    ).model_copy(update={"settings": settings})  # unchecked: ``validate`` reports
     salt = canonical_json([body.get("tool_choice"), body.get("thinking")])
     asked, previous = _diagnostics(body.get("diagnostics"))
+    compaction, instructions = _compaction(body.get("compaction"))
     return WireRequest(
         request=request,
         stream=stream,
@@ -517,6 +600,11 @@ def parse_body(raw: bytes, *, count_tokens: bool = False) -> WireRequest:
         salt=salt,
         diagnostics=asked,
         previous_message_id=previous,
+        thinking_type=thinking.kind,
+        compaction=compaction and not count_tokens,
+        compaction_instructions=instructions,
+        context_management=body.get("context_management") is not None,
+        drop_mismatched_thinking=thinking.drop_mismatched,
     )
 
 

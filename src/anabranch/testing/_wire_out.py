@@ -10,6 +10,7 @@ from typing import Any
 from anabranch.messages import (
     Block,
     ModelResponse,
+    RawBlock,
     RedactedThinkingBlock,
     TextBlock,
     ThinkingBlock,
@@ -47,6 +48,8 @@ def _block_json(block: Block) -> dict[str, Any]:
         return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
     if isinstance(block, RedactedThinkingBlock):
         return {"type": "redacted_thinking", "data": block.data}
+    if isinstance(block, RawBlock) and block.block.get("type") == "compaction":
+        return dict(block.block)
     raise ValueError(f"a model response cannot contain {block.type} blocks")
 
 
@@ -120,6 +123,12 @@ def stream_events(
         elif isinstance(block, RedactedThinkingBlock):
             opening = {"type": "redacted_thinking", "data": block.data}
             deltas = []
+        elif isinstance(block, RawBlock) and block.block.get("type") == "compaction":
+            # the summary arrives in one compaction_delta; the signature with the start
+            whole = dict(block.block)
+            opening = {**whole, "content": None}
+            deltas = [{"type": "compaction_delta", "content": whole.get("content"),
+                       "encrypted_content": whole.get("encrypted_content")}]  # fmt: skip
         else:
             raise ValueError(f"a model response cannot contain {block.type} blocks")
         events.append({"type": "content_block_start", "index": index, "content_block": opening})
