@@ -27,7 +27,8 @@ pytestmark = pytest.mark.anyio
 TOOLS = [{"name": "measure", "description": "m", "input_schema": {"type": "object"}}]
 
 
-def _client(srv: MessagesServer) -> anthropic.AsyncAnthropic:
+def _client(srv: MessagesServer) -> Any:
+    """The real SDK's client (typed ``Any``: these tests send raw JSON shapes)."""
     return anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="k", max_retries=0)
 
 
@@ -141,7 +142,7 @@ async def test_always_thinking_models_think_without_the_parameter_and_refuse_for
             )  # fmt: skip
             with pytest.raises(anthropic.BadRequestError) as forced:
                 await client.messages.create(
-                    model="claude-fable-5-1", max_tokens=2048, tools=TOOLS,  # type: ignore[arg-type]
+                    model="claude-fable-5-1", max_tokens=2048, tools=TOOLS,
                     tool_choice={"type": "any"}, messages=[{"role": "user", "content": "hi"}],
                 )  # fmt: skip
         finally:
