@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 from anabranch._thinking_models import thinking_always_on
 from anabranch.messages import (
@@ -43,6 +43,21 @@ from anabranch.testing._wire_out import (
     stream_events,
     usage_json,
 )
+from anabranch.testing._wire_params import (
+    Thinking,
+    compaction_param,
+    diagnostics_param,
+    number_param,
+    thinking_param,
+    tool_choice_param,
+)
+from anabranch.testing._wire_shape import APIFailure
+from anabranch.testing._wire_shape import as_dict as _dict
+from anabranch.testing._wire_shape import as_list as _list
+from anabranch.testing._wire_shape import as_str as _str
+from anabranch.testing._wire_shape import fail as _fail
+from anabranch.testing._wire_shape import no_extra as _no_extra
+from anabranch.testing._wire_shape import required as _required
 
 __all__ = [
     "APIFailure",
@@ -78,28 +93,6 @@ _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 _TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 
 
-class APIFailure(Exception):
-    """An error answer: HTTP status, the API's error type and message, extra headers."""
-
-    def __init__(
-        self,
-        status: int,
-        error_type: str,
-        message: str,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.message = message
-        self.headers = dict(headers or {})
-
-    @classmethod
-    def invalid(cls, message: str) -> APIFailure:
-        """A 400 ``invalid_request_error``."""
-        return cls(400, "invalid_request_error", message)
-
-
 @dataclass(frozen=True)
 class WireRequest:
     """A parsed request body: our ``ModelRequest`` plus what only the wire knows."""
@@ -123,40 +116,6 @@ class WireRequest:
     context_management: bool = False
     drop_mismatched_thinking: bool = False
     """``thinking.block_binding.prefix_mismatch_behavior`` is ``"drop_block"``."""
-
-
-def _fail(path: str, message: str) -> NoReturn:
-    raise APIFailure.invalid(f"{path}: {message}")
-
-
-def _dict(value: Any, path: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        _fail(path, "Input should be a valid dictionary")
-    return value
-
-
-def _list(value: Any, path: str) -> list[Any]:
-    if not isinstance(value, list):
-        _fail(path, "Input should be a valid list")
-    return value
-
-
-def _str(value: Any, path: str) -> str:
-    if not isinstance(value, str):
-        _fail(path, "Input should be a valid string")
-    return value
-
-
-def _required(obj: dict[str, Any], key: str, path: str) -> Any:
-    if key not in obj:
-        _fail(f"{path}.{key}" if path else key, "Field required")
-    return obj[key]
-
-
-def _no_extra(obj: dict[str, Any], allowed: frozenset[str], path: str) -> None:
-    for key in obj:
-        if key not in allowed:
-            _fail(f"{path}.{key}" if path else key, "Extra inputs are not permitted")
 
 
 def _cache_ttl(obj: dict[str, Any], path: str) -> CacheTTL | None:
@@ -348,20 +307,6 @@ def _compaction_block(obj: dict[str, Any], path: str) -> RawBlock:
     return RawBlock(block={k: v for k, v in obj.items() if k != "cache_control"})
 
 
-def _compaction(raw: Any) -> tuple[bool, str | None]:
-    """The ``compaction`` parameter: (asked, the instructions replacing the server's)."""
-    if raw is None:
-        return False, None
-    obj = _dict(raw, "compaction")
-    if obj.get("type") != "summarize":
-        _fail("compaction.type", "Input should be 'summarize'")
-    _no_extra(obj, frozenset({"type", "instructions"}), "compaction")
-    instructions = obj.get("instructions")
-    if instructions is not None:
-        instructions = _str(instructions, "compaction.instructions").strip() or None
-    return True, instructions
-
-
 def _messages(
     raw: Any, marks: dict[BlockRef, CacheTTL]
 ) -> tuple[tuple[Message, ...], tuple[tuple[int, CacheTTL], ...]]:
@@ -438,85 +383,7 @@ def _tools(raw: Any, marks: dict[BlockRef, CacheTTL]) -> tuple[ToolDefinition, .
     return tuple(tools)
 
 
-def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        _fail(key, "Input should be a valid number")
-    if not low <= value <= high:
-        _fail(key, f"Input should be between {low:g} and {high:g}")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class _Thinking:
-    """The ``thinking`` parameter as sent: its type (``None`` when absent), the budget of
-    ``enabled``, and what a prefix-bound block that fails its check does."""
-
-    kind: str | None = None
-    budget: int | None = None
-    drop_mismatched: bool = False
-
-
-def _block_binding(obj: dict[str, Any], path: str) -> bool:
-    raw = obj.get("block_binding")
-    if raw is None:
-        return False
-    binding = _dict(raw, f"{path}.block_binding")
-    _no_extra(binding, frozenset({"prefix_mismatch_behavior"}), f"{path}.block_binding")
-    behavior = binding.get("prefix_mismatch_behavior")
-    if behavior not in (None, "error", "drop_block"):
-        _fail(
-            f"{path}.block_binding.prefix_mismatch_behavior",
-            "Input should be 'error' or 'drop_block'",
-        )
-    return behavior == "drop_block"
-
-
-def _thinking(raw: Any) -> _Thinking:
-    if raw is None:
-        return _Thinking()
-    obj = _dict(raw, "thinking")
-    kind = obj.get("type")
-    if kind == "disabled":
-        _no_extra(obj, frozenset({"type"}), "thinking.disabled")
-        return _Thinking(kind="disabled")
-    if kind == "adaptive":
-        _no_extra(obj, frozenset({"type", "display", "block_binding"}), "thinking.adaptive")
-        if obj.get("display") not in (None, "summarized", "omitted", "updates"):
-            _fail(
-                "thinking.adaptive.display", "Input should be 'summarized', 'omitted' or 'updates'"
-            )
-        return _Thinking(kind="adaptive", drop_mismatched=_block_binding(obj, "thinking.adaptive"))
-    if kind != "enabled":
-        _fail("thinking.type", "Input should be 'enabled', 'disabled' or 'adaptive'")
-    allowed = frozenset({"type", "budget_tokens", "display", "block_binding"})
-    _no_extra(obj, allowed, "thinking.enabled")
-    budget = _required(obj, "budget_tokens", "thinking.enabled")
-    if not isinstance(budget, int) or isinstance(budget, bool):
-        _fail("thinking.enabled.budget_tokens", "Input should be a valid integer")
-    if budget < 1024:
-        _fail("thinking.enabled.budget_tokens", "Input should be greater than or equal to 1024")
-    drop = _block_binding(obj, "thinking.enabled")
-    return _Thinking(kind="enabled", budget=budget, drop_mismatched=drop)
-
-
-def _tool_choice(raw: Any) -> str | None:
-    if raw is None:
-        return None
-    obj = _dict(raw, "tool_choice")
-    kind = obj.get("type")
-    if kind in ("auto", "any", "none"):
-        _no_extra(obj, frozenset({"type", "disable_parallel_tool_use"}), f"tool_choice.{kind}")
-        return str(kind)
-    if kind == "tool":
-        _no_extra(obj, frozenset({"type", "name", "disable_parallel_tool_use"}), "tool_choice.tool")
-        return _str(_required(obj, "name", "tool_choice.tool"), "tool_choice.tool.name")
-    _fail("tool_choice.type", "Input should be 'auto', 'any', 'tool' or 'none'")
-
-
-def _settings(body: dict[str, Any], thinking: _Thinking) -> ModelSettings:
+def _settings(body: dict[str, Any], thinking: Thinking) -> ModelSettings:
     """The request's sampling, thinking and tool-choice options (shape-checked only: the
     rules between them are ``validate``'s)."""
     top_k = body.get("top_k")
@@ -529,11 +396,11 @@ def _settings(body: dict[str, Any], thinking: _Thinking) -> ModelSettings:
     fields: dict[str, Any] = {
         "thinking": thinking.kind if thinking.kind in ("enabled", "adaptive") else None,
         "thinking_budget": thinking.budget,
-        "temperature": _number(body, "temperature", 0.0, 1.0),
-        "top_p": _number(body, "top_p", 0.0, 1.0),
+        "temperature": number_param(body, "temperature", 0.0, 1.0),
+        "top_p": number_param(body, "top_p", 0.0, 1.0),
         "top_k": top_k,
         "stop_sequences": tuple(_str(x, "stop_sequences") for x in _list(stops, "stop_sequences")),
-        "tool_choice": _tool_choice(body.get("tool_choice")),
+        "tool_choice": tool_choice_param(body.get("tool_choice")),
         "service_tier": tier,
     }
     # built unchecked: a combination the API refuses is reported by ``validate``
@@ -576,7 +443,7 @@ def parse_body(raw: bytes, *, count_tokens: bool = False) -> WireRequest:
             marks.setdefault(ref, ttl)
             if not breakpoints or breakpoints[-1][0] != last:
                 breakpoints = (*breakpoints, (last, ttl))
-    thinking = _thinking(body.get("thinking"))
+    thinking = thinking_param(body.get("thinking"))
     settings = _settings(body, thinking)
     if thinking.kind is None and thinking_always_on(model):
         # these models think whenever ``thinking`` is absent: adaptive is their default
@@ -590,8 +457,8 @@ def parse_body(raw: bytes, *, count_tokens: bool = False) -> WireRequest:
         message_breakpoints=breakpoints,
     ).model_copy(update={"settings": settings})  # unchecked: ``validate`` reports
     salt = canonical_json([body.get("tool_choice"), body.get("thinking")])
-    asked, previous = _diagnostics(body.get("diagnostics"))
-    compaction, instructions = _compaction(body.get("compaction"))
+    asked, previous = diagnostics_param(body.get("diagnostics"))
+    compaction, instructions = compaction_param(body.get("compaction"))
     return WireRequest(
         request=request,
         stream=stream,
@@ -606,15 +473,6 @@ def parse_body(raw: bytes, *, count_tokens: bool = False) -> WireRequest:
         context_management=body.get("context_management") is not None,
         drop_mismatched_thinking=thinking.drop_mismatched,
     )
-
-
-def _diagnostics(raw: Any) -> tuple[bool, str | None]:
-    if raw is None:
-        return False, None
-    obj = _dict(raw, "diagnostics")
-    _no_extra(obj, frozenset({"previous_message_id"}), "diagnostics")
-    previous = obj.get("previous_message_id")
-    return True, None if previous is None else _str(previous, "diagnostics.previous_message_id")
 
 
 # -- responses ---------------------------------------------------------------------------
