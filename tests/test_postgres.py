@@ -151,6 +151,57 @@ async def test_a_stalled_store_is_fenced_after_a_takeover(postgres_dsn: str) -> 
 
 
 @pytest.mark.anyio
+async def test_a_fenced_write_fails_alone_in_its_batch(postgres_dsn: str) -> None:
+    """Writes for many leased sessions share one (pipelined) transaction. When one of
+    those sessions was taken over, its write raises LeaseLostError and commits nothing;
+    the writes for the other sessions in the same batch commit."""
+    a = await PostgresStore.open(postgres_dsn)
+    b = await PostgresStore.open(postgres_dsn)
+    sessions = [f"ses_{i}" for i in range(8)]
+    try:
+        for session in sessions:
+            await a.create_session(
+                SessionRecord(id=session, created=time.time(), kind="agent", entry="x", task="t")
+            )
+            await a.acquire_lease(session, "host-a:1", ttl=30)
+            await a.create_run(
+                RunRecord(
+                    id=f"run_{session}",
+                    session_id=session,
+                    agent_name="x",
+                    model="m",
+                    created=time.time(),
+                ),
+                messages=[MessageRecord(run_id=f"run_{session}", seq=0, role="user", content="[]")],
+            )
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # A stalls on ses_3
+            conn.execute("UPDATE anabranch.leases SET expires = 0 WHERE session_id = 'ses_3'")
+        await b.acquire_lease("ses_3", "host-b:2", ttl=30)
+        outcomes: dict[str, str] = {}
+
+        async def append(session: str) -> None:
+            try:
+                await a.append_messages(
+                    [MessageRecord(run_id=f"run_{session}", seq=1, role="assistant", content="[]")]
+                )
+                outcomes[session] = "ok"
+            except LeaseLostError:
+                outcomes[session] = "fenced"
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                for session in sessions:
+                    group.start_soon(append, session)
+        assert outcomes == {s: "fenced" if s == "ses_3" else "ok" for s in sessions}
+        for session in sessions:
+            seqs = [m.seq for m in await b.load_messages(f"run_{session}")]
+            assert seqs == ([0] if session == "ses_3" else [0, 1])
+    finally:
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.anyio
 async def test_opening_checks_the_schema(postgres_dsn: str) -> None:
     with pytest.raises(DatabaseError, match="no anabranch store"):
         await open_store(postgres_dsn, create=False)

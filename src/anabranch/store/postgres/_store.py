@@ -7,12 +7,14 @@ Invariants (the same as the SQLite store's, across processes and hosts):
 - Fencing: once another process has taken over a session this store held a lease on,
   every further write of this store for that session raises ``LeaseLostError`` and
   commits nothing. The check runs in the write's transaction under a share lock on the
-  lease row, so a takeover cannot slip in between check and commit.
+  lease row, so a takeover cannot slip in between check and commit (``_connection``:
+  one check per batch for every leased session it writes to, pipelined with the writes).
 - Opening never writes to a database whose ``anabranch`` schema is not ours or newer.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -20,8 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, Literal, TypeVar
 
+import psycopg
+
 from anabranch._process import pid_alive
-from anabranch.errors import LeaseLostError, SessionBusyError
+from anabranch.errors import LeaseLostError, SessionBusyError, StoreError
 from anabranch.store._dsn import redact_dsn
 from anabranch.store._records import (
     BoundaryRecord,
@@ -37,7 +41,7 @@ from anabranch.store._records import (
     ToolEventRecord,
 )
 from anabranch.store._rows import call_row, message_row, run_row, snapshot_row, tool_event_row
-from anabranch.store.postgres._connection import NOW, Batch, Conn, Connections, connect
+from anabranch.store.postgres._connection import NOW, Connections, Fence, Later, Tx, connect
 from anabranch.store.postgres._migrate import migrate
 from anabranch.store.postgres._reads import Reads
 
@@ -46,15 +50,33 @@ __all__ = ["PostgresStore"]
 T = TypeVar("T")
 
 
-def _insert(conn: Conn, table: str, values: dict[str, Any], returning: str = "") -> Any:
-    columns = ", ".join(values)
-    marks = ", ".join(f"%({name})s" for name in values)
-    sql = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
-    if returning:
-        row = conn.execute(f"{sql} RETURNING {returning}", values).fetchone()
-        return row[returning] if row else None
-    conn.execute(sql, values)
-    return None
+@functools.lru_cache(maxsize=64)
+def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
+    names = ", ".join(columns)
+    marks = ", ".join(f"%({name})s" for name in columns)
+    return f"INSERT INTO {table} ({names}) VALUES ({marks})"
+
+
+def _insert(tx: Tx, table: str, values: dict[str, Any]) -> None:
+    tx.send(_insert_sql(table, tuple(values)), values)
+
+
+def _insert_id(tx: Tx, table: str, values: dict[str, Any]) -> Later[int]:
+    """Insert a row; its ``id``, read once the batch's statements have run."""
+    cursor = tx.execute(f"{_insert_sql(table, tuple(values))} RETURNING id", values)
+
+    def new_id() -> int:
+        row = cursor.fetchone()
+        if row is None:  # pragma: no cover - INSERT … RETURNING always returns its row
+            raise StoreError(f"no id returned by the insert into {table}")
+        return int(row["id"])
+
+    return Later(new_id)
+
+
+def _rowcount(cursor: psycopg.Cursor[Any]) -> Later[bool]:
+    """Whether the statement touched a row, read once the batch's statements have run."""
+    return Later(lambda: cursor.rowcount > 0)
 
 
 class PostgresStore(Reads):
@@ -66,6 +88,7 @@ class PostgresStore(Reads):
 
     def __init__(self, dsn: str, connections: Connections) -> None:
         super().__init__(connections)
+        connections.lost = self._lease_lost
         self.url = redact_dsn(dsn)
         """The DSN without its password: safe to print."""
         self._held: dict[str, str] = {}
@@ -111,57 +134,70 @@ class PostgresStore(Reads):
         await self.close()
 
     # ----------------------------------------------------------------- fencing
-    def _session_of(self, conn: Conn, *, run: str | None, call: int | None) -> str | None:
+    def _known_session(self, *, run: str | None, call: int | None) -> str | None:
+        """The session of ``run`` (or of ``call``'s run) if this store has seen it."""
+        if call is not None and run is None:
+            run = self._call_runs.get(call)
+        return self._run_sessions.get(run) if run is not None else None
+
+    def _session_of(self, tx: Tx, *, run: str | None, call: int | None) -> str | None:
         if call is not None and run is None:
             run = self._call_runs.get(call)
             if run is None:
-                row = conn.execute("SELECT run_id FROM calls WHERE id = %s", (call,)).fetchone()
+                row = tx.execute("SELECT run_id FROM calls WHERE id = %s", (call,)).fetchone()
                 run = row["run_id"] if row else None
         if run is None:
             return None
         session = self._run_sessions.get(run)
         if session is None:
-            row = conn.execute("SELECT session_id FROM runs WHERE id = %s", (run,)).fetchone()
+            row = tx.execute("SELECT session_id FROM runs WHERE id = %s", (run,)).fetchone()
             session = row["session_id"] if row else None
             if session is not None:
                 self._run_sessions[run] = session
         return session
 
-    def _check_fence(self, conn: Conn, batch: Batch, session: str) -> None:
-        if session in self._lost:
-            raise LeaseLostError(session, "this store")
-        owner = self._held.get(session)
-        if owner is None:
-            return
-        key = ("lease", session)
-        if key not in batch.memo:
-            row = conn.execute(
-                "SELECT owner FROM leases WHERE session_id = %s FOR SHARE", (session,)
-            ).fetchone()
-            batch.memo[key] = row["owner"] if row else None
-        if batch.memo[key] not in (owner, None):
-            self._held.pop(session, None)
-            self._lost.add(session)
-            raise LeaseLostError(session, owner)
+    def _lease_lost(self, fence: Fence) -> LeaseLostError:
+        """Record that another owner took ``fence.session`` over (writer thread)."""
+        self._held.pop(fence.session, None)
+        self._lost.add(fence.session)
+        return LeaseLostError(fence.session, fence.owner)
+
+    def _fence(
+        self, session: str | None, run: str | None, call: int | None
+    ) -> Callable[[Tx], Fence | None] | None:
+        """What a write to ``session`` (or ``run``'s or ``call``'s) must check: the lease
+        this store holds on it (looked up when the write runs), or nothing."""
+        if not (self._held or self._lost):
+            return None
+        known = session or self._known_session(run=run, call=call)
+        if known is not None and known in self._lost:
+            raise LeaseLostError(known, "this store")
+
+        def fence(tx: Tx) -> Fence | None:
+            target = known or self._session_of(tx, run=run, call=call)
+            if target is None:
+                return None
+            if target in self._lost:
+                raise LeaseLostError(target, "this store")
+            owner = self._held.get(target)
+            return Fence(target, owner) if owner is not None else None
+
+        return fence
 
     async def _write(
         self,
-        fn: Callable[[Conn], T],
+        fn: Callable[[Tx], T],
         *,
         session: str | None = None,
         run: str | None = None,
         call: int | None = None,
     ) -> T:
         """Commit ``fn`` unless the session it writes to was taken over from this store."""
+        return await self._connections.write(fn, self._fence(session, run, call))
 
-        def fenced(conn: Conn, batch: Batch) -> T:
-            if self._held or self._lost:
-                target = session or self._session_of(conn, run=run, call=call)
-                if target is not None:
-                    self._check_fence(conn, batch, target)
-            return fn(conn)
-
-        return await self._connections.write(fenced)
+    async def _write_later(self, fn: Callable[[Tx], Later[T]], *, run: str) -> T:
+        """``_write`` for statements whose result is read once the batch has run."""
+        return await self._connections.write_later(fn, self._fence(None, run, None))
 
     # ----------------------------------------------------------------- sessions
     async def create_session(self, session: SessionRecord) -> None:
@@ -176,9 +212,9 @@ class PostgresStore(Reads):
         }
         event = {"session_id": session.id, "status": "running", "created": session.created}
 
-        def write(conn: Conn) -> None:
-            _insert(conn, "sessions", values)
-            _insert(conn, "session_events", event)
+        def write(tx: Tx) -> None:
+            _insert(tx, "sessions", values)
+            _insert(tx, "session_events", event)
 
         await self._write(write, session=session.id)
 
@@ -197,15 +233,15 @@ class PostgresStore(Reads):
             "error": error,
             "created": time.time(),
         }
-        await self._write(lambda conn: _insert(conn, "session_events", values), session=session_id)
+        await self._write(lambda tx: _insert(tx, "session_events", values), session=session_id)
 
     # ----------------------------------------------------------------- leases
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
         """Take the session's lease, or raise ``SessionBusyError`` if a live owner has it."""
         host, pid = socket.gethostname(), os.getpid()
 
-        def write(conn: Conn) -> None:
-            row = conn.execute(
+        def write(tx: Tx) -> None:
+            row = tx.execute(
                 f"SELECT owner, host, pid, expires, {NOW} AS now FROM leases "
                 "WHERE session_id = %s FOR UPDATE",
                 (session_id,),
@@ -218,7 +254,7 @@ class PostgresStore(Reads):
                 "ttl": ttl,
             }
             if row is None:
-                conn.execute(
+                tx.send(
                     "INSERT INTO leases (session_id, owner, host, pid, expires) VALUES "
                     f"(%(session_id)s, %(owner)s, %(host)s, %(pid)s, {NOW} + %(ttl)s)",
                     values,
@@ -228,13 +264,13 @@ class PostgresStore(Reads):
                 dead = row["host"] == host and row["pid"] != pid and not pid_alive(row["pid"])
                 if row["expires"] > row["now"] and not dead:
                     raise SessionBusyError(session_id, f"{row['owner']} on {row['host']}")
-            conn.execute(
+            tx.send(
                 "UPDATE leases SET owner = %(owner)s, host = %(host)s, pid = %(pid)s, "
                 f"expires = {NOW} + %(ttl)s, epoch = epoch + 1 WHERE session_id = %(session_id)s",
                 values,
             )
 
-        await self._connections.write(lambda conn, _batch: write(conn))
+        await self._connections.write(write)
         self._held[session_id] = owner
         self._lost.discard(session_id)
 
@@ -242,14 +278,15 @@ class PostgresStore(Reads):
         """Extend the lease; False if ``owner`` no longer holds it (another process took
         it over after it expired)."""
 
-        def write(conn: Conn) -> bool:
-            cursor = conn.execute(
-                f"UPDATE leases SET expires = {NOW} + %s WHERE session_id = %s AND owner = %s",
-                (ttl, session_id, owner),
+        def write(tx: Tx) -> Later[bool]:
+            return _rowcount(
+                tx.execute(
+                    f"UPDATE leases SET expires = {NOW} + %s WHERE session_id = %s AND owner = %s",
+                    (ttl, session_id, owner),
+                )
             )
-            return cursor.rowcount > 0
 
-        renewed = await self._connections.write(lambda conn, _batch: write(conn))
+        renewed = await self._connections.write_later(write)
         if not renewed and self._held.get(session_id) == owner:
             self._held.pop(session_id, None)
             self._lost.add(session_id)
@@ -259,14 +296,15 @@ class PostgresStore(Reads):
         """Give the lease up. The row stays (expired) and keeps its owner, so a process
         that stalled past its lease is still recognised as fenced afterwards."""
 
-        def write(conn: Conn) -> bool:
-            cursor = conn.execute(
-                "UPDATE leases SET expires = 0 WHERE session_id = %s AND owner = %s",
-                (session_id, owner),
+        def write(tx: Tx) -> Later[bool]:
+            return _rowcount(
+                tx.execute(
+                    "UPDATE leases SET expires = 0 WHERE session_id = %s AND owner = %s",
+                    (session_id, owner),
+                )
             )
-            return cursor.rowcount > 0
 
-        released = await self._connections.write(lambda conn, _batch: write(conn))
+        released = await self._connections.write_later(write)
         if self._held.get(session_id) == owner:
             del self._held[session_id]
             if not released:
@@ -298,11 +336,11 @@ class PostgresStore(Reads):
         snapshot_values = snapshot_row(snapshot) if snapshot else None
         message_values = [message_row(m) for m in messages]
 
-        def write(conn: Conn) -> None:
-            _insert(conn, "runs", values)
+        def write(tx: Tx) -> None:
+            _insert(tx, "runs", values)
             if snapshot_values:
-                _insert(conn, "snapshots", snapshot_values)
-            self._insert_messages(conn, message_values)
+                _insert(tx, "snapshots", snapshot_values)
+            self._insert_messages(tx, message_values)
 
         await self._write(write, session=run.session_id)
         self._run_sessions[run.id] = run.session_id
@@ -317,27 +355,22 @@ class PostgresStore(Reads):
             "error": error,
             "finished": time.time(),
         }
-        await self._write(lambda conn: _insert(conn, "run_ends", values), run=run_id)
+        await self._write(lambda tx: _insert(tx, "run_ends", values), run=run_id)
 
     # ----------------------------------------------------------------- messages & calls
     @staticmethod
-    def _insert_messages(conn: Conn, values: list[dict[str, Any]]) -> None:
-        if not values:
-            return
-        with conn.cursor() as cursor:
-            cursor.executemany(
-                "INSERT INTO messages (run_id, seq, role, content, kind, created) VALUES "
-                "(%(run_id)s, %(seq)s, %(role)s, %(content)s, %(kind)s, %(created)s)",
-                values,
-            )
+    def _insert_messages(tx: Tx, values: list[dict[str, Any]]) -> None:
+        tx.send_many(
+            "INSERT INTO messages (run_id, seq, role, content, kind, created) VALUES "
+            "(%(run_id)s, %(seq)s, %(role)s, %(content)s, %(kind)s, %(created)s)",
+            values,
+        )
 
     async def append_messages(self, messages: Sequence[MessageRecord]) -> None:
         """Commit messages in one transaction."""
         values = [message_row(m) for m in messages]
         if values:
-            await self._write(
-                lambda conn: self._insert_messages(conn, values), run=values[0]["run_id"]
-            )
+            await self._write(lambda tx: self._insert_messages(tx, values), run=values[0]["run_id"])
 
     async def continue_run(self, run_id: str, messages: Sequence[MessageRecord]) -> None:
         """Reopen a finished run (a ``running`` row after its end: history stays) and
@@ -345,9 +378,9 @@ class PostgresStore(Reads):
         values = [message_row(m) for m in messages]
         reopened = {"run_id": run_id, "status": "running", "finished": time.time()}
 
-        def write(conn: Conn) -> None:
-            _insert(conn, "run_ends", reopened)
-            self._insert_messages(conn, values)
+        def write(tx: Tx) -> None:
+            _insert(tx, "run_ends", reopened)
+            self._insert_messages(tx, values)
 
         await self._write(write, run=run_id)
 
@@ -356,11 +389,11 @@ class PostgresStore(Reads):
         values = [message_row(m) for m in messages]
         call_values = call_row(call)
 
-        def write(conn: Conn) -> int:
-            self._insert_messages(conn, values)
-            return int(_insert(conn, "calls", call_values, returning="id"))
+        def write(tx: Tx) -> Later[int]:
+            self._insert_messages(tx, values)
+            return _insert_id(tx, "calls", call_values)
 
-        call_id = await self._write(write, run=call.run_id)
+        call_id = await self._write_later(write, run=call.run_id)
         self._call_runs[call_id] = call.run_id
         return call_id
 
@@ -395,11 +428,11 @@ class PostgresStore(Reads):
             "created": time.time(),
         }
 
-        def write(conn: Conn) -> None:
-            self._insert_messages(conn, message_values)
-            _insert(conn, "call_outcomes", outcome)
+        def write(tx: Tx) -> None:
+            self._insert_messages(tx, message_values)
+            _insert(tx, "call_outcomes", outcome)
             for event in events:
-                _insert(conn, "tool_events", event)
+                _insert(tx, "tool_events", event)
 
         await self._write(write, call=call_id)
         self._call_runs.pop(call_id, None)
@@ -411,14 +444,14 @@ class PostgresStore(Reads):
         this run in flight, so these are calls a crash cut off. Returns them.
         """
 
-        def write(conn: Conn) -> list[CallRecord]:
-            rows = conn.execute(
+        def write(tx: Tx) -> list[CallRecord]:
+            rows = tx.execute(
                 self._CALL_SQL + " WHERE c.run_id = %s AND o.id IS NULL ORDER BY c.id", (run_id,)
             ).fetchall()
             now = time.time()
             for row in rows:
                 _insert(
-                    conn,
+                    tx,
                     "call_outcomes",
                     {
                         "call_id": row["id"],
@@ -434,11 +467,11 @@ class PostgresStore(Reads):
     # ----------------------------------------------------------------- tools, snapshots
     async def record_tool_event(self, event: ToolEventRecord) -> None:
         values = tool_event_row(event)
-        await self._write(lambda conn: _insert(conn, "tool_events", values), run=event.run_id)
+        await self._write(lambda tx: _insert(tx, "tool_events", values), run=event.run_id)
 
     async def save_snapshot(self, snapshot: SnapshotRecord) -> None:
         values = snapshot_row(snapshot)
-        await self._write(lambda conn: _insert(conn, "snapshots", values), run=snapshot.run_id)
+        await self._write(lambda tx: _insert(tx, "snapshots", values), run=snapshot.run_id)
 
     async def add_boundary(
         self, boundary: BoundaryRecord, messages: Sequence[MessageRecord] = ()
@@ -451,11 +484,11 @@ class PostgresStore(Reads):
         }
         message_values = [message_row(m) for m in messages]
 
-        def write(conn: Conn) -> int:
-            self._insert_messages(conn, message_values)
-            return int(_insert(conn, "boundaries", values, returning="id"))
+        def write(tx: Tx) -> Later[int]:
+            self._insert_messages(tx, message_values)
+            return _insert_id(tx, "boundaries", values)
 
-        return await self._write(write, run=boundary.run_id)
+        return await self._write_later(write, run=boundary.run_id)
 
     async def save_spill(self, handle: str, run_id: str, call_id: str, content: str) -> None:
         values = {
@@ -466,7 +499,7 @@ class PostgresStore(Reads):
             "created": time.time(),
         }
         await self._write(
-            lambda conn: conn.execute(
+            lambda tx: tx.send(
                 "INSERT INTO spills (handle, run_id, call_id, content, created) VALUES "
                 "(%(handle)s, %(run_id)s, %(call_id)s, %(content)s, %(created)s) "
                 "ON CONFLICT (handle) DO NOTHING",
@@ -486,7 +519,7 @@ class PostgresStore(Reads):
             "actual_read": actual_read,
             "created": time.time(),
         }
-        await self._write(lambda conn: _insert(conn, "cache_breaks", values), run=run_id)
+        await self._write(lambda tx: _insert(tx, "cache_breaks", values), run=run_id)
 
     async def save_context_limit(self, limit: ContextLimitRecord) -> None:
         """Record a limit a channel taught (or that was configured), or a run's limit."""
@@ -503,7 +536,7 @@ class PostgresStore(Reads):
         columns = ", ".join(values)
         marks = ", ".join("%s" for _ in values)
         await self._write(
-            lambda conn: conn.execute(
+            lambda tx: tx.send(
                 f"INSERT INTO context_limits ({columns}) VALUES ({marks})", tuple(values.values())
             ),
             run=limit.run_id,
@@ -512,13 +545,13 @@ class PostgresStore(Reads):
     async def add_spend(self, spend: SpendRecord) -> None:
         """Commit one call's spend for a tenant (every process on the store sees it)."""
         values = asdict(spend)
-        await self._write(lambda conn: _insert(conn, "tenant_spend", values), run=spend.run_id)
+        await self._write(lambda tx: _insert(tx, "tenant_spend", values), run=spend.run_id)
 
     async def set_session_budget(self, record: SessionBudgetRecord) -> None:
         """Record the budget (and tenant) a session runs under from now on."""
         values = asdict(record)
         await self._write(
-            lambda conn: _insert(conn, "session_budgets", values), session=record.session_id
+            lambda tx: _insert(tx, "session_budgets", values), session=record.session_id
         )
 
     async def add_run_span(self, session_id: str, run_id: str, trace_id: str, span_id: str) -> None:
@@ -531,4 +564,4 @@ class PostgresStore(Reads):
             "span_id": span_id,
             "created": time.time(),
         }
-        await self._write(lambda conn: _insert(conn, "run_spans", values), session=session_id)
+        await self._write(lambda tx: _insert(tx, "run_spans", values), session=session_id)

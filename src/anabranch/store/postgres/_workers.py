@@ -7,7 +7,7 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
-from anabranch.store.postgres._connection import NOW, Conn
+from anabranch.store.postgres._connection import NOW, Tx
 
 if TYPE_CHECKING:
     from anabranch.store.postgres._store import PostgresStore
@@ -33,8 +33,8 @@ class WorkerRegistry:
         }
         beat = "0" if stopping else NOW
 
-        def write(conn: Conn) -> None:
-            conn.execute(
+        def write(tx: Tx) -> None:
+            tx.send(
                 "INSERT INTO workers (executor_id, host, pid, queue, started, heartbeat) VALUES "
                 f"(%(executor_id)s, %(host)s, %(pid)s, %(queue)s, %(started)s, {beat}) "
                 "ON CONFLICT (executor_id) DO UPDATE SET host = EXCLUDED.host, "
@@ -43,7 +43,7 @@ class WorkerRegistry:
                 values,
             )
 
-        await self._store._connections.write(lambda conn, _batch: write(conn))
+        await self._store._connections.write(write)
 
     async def dead(self, me: str, dead_after: float) -> list[str]:
         """Executors other than ``me`` whose heartbeat is older than ``dead_after`` seconds
@@ -59,11 +59,11 @@ class WorkerRegistry:
         """Every pending session of ``executor_id`` went back to its queue (unless it came
         back to life meanwhile)."""
 
-        def write(conn: Conn) -> None:
-            conn.execute(
+        def write(tx: Tx) -> None:
+            tx.send(
                 "UPDATE workers SET recovered_by = %s WHERE executor_id = %s "
                 f"AND heartbeat < {NOW} - %s",
                 (by, executor_id, dead_after),
             )
 
-        await self._store._connections.write(lambda conn, _batch: write(conn))
+        await self._store._connections.write(write)
