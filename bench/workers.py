@@ -1,7 +1,8 @@
 """Benchmark: 1, 2 and 4 worker processes against one PostgreSQL, next to a raw-psycopg
 insert floor and one process on SQLite.
 
-    python bench/workers.py [--sessions 1000] [--workers 1,2,4] [--latency 0.2] [--out FILE]
+    python bench/workers.py [--sessions 1000,10000] [--workers 1,2,4] [--latency 0.2]
+                            [--out FILE]
 
 Every session is the concurrency benchmark's root agent (``bench/concurrency.py``, mix
 ``root``): 10 model calls answered after ``latency`` seconds by a prebuilt response, 9 tool
@@ -11,7 +12,12 @@ dispatch starts at once), the workers already serving with concurrency = session
 workers, so every session runs at once. Measured from the commit of the queue to the last
 session done: sessions per second, wall over ideal, worker CPU (and the PostgreSQL
 server's) per model call. PostgreSQL runs with its durable defaults (``fsync`` on).
-Nothing here is a test: timings never gate anything.
+
+Next to each trial, the CPU lower bound: ``model calls x (worker + server CPU per call) /
+cores``, the wall time the measured CPU alone needs on this machine however well it
+overlaps with the model latency, over the ideal wall time. When it is above the goal, the
+goal is out of reach on this machine whatever else is done. Nothing here is a test:
+timings never gate anything.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,18 +105,25 @@ async def enqueue_all(dsn: str, count: int) -> list[str]:
     from anabranch.runtime._dispatch import APP_VERSION, DEFAULT_QUEUE, WORKFLOW_NAME
 
     agent = concurrency.worker_agent()
+    ids: list[str] = []
     async with Runtime(db=dsn) as rt:
-        ids = [
-            await rt.open_session(
-                kind="agent",
-                entry=agent.name,
-                task=f"task {i}: work through the steps",
-                source=None,
-                outline={},
-                on_session=None,
+
+        async def create(index: int) -> None:
+            ids.append(
+                await rt.open_session(
+                    kind="agent",
+                    entry=agent.name,
+                    task=f"task {index}: work through the steps",
+                    source=None,
+                    outline={},
+                    on_session=None,
+                    drive=False,
+                )
             )
-            for i in range(count)
-        ]
+
+        async with anyio.create_task_group() as group:  # concurrent: group-committed
+            for index in range(count):
+                group.start_soon(create, index)
 
     def enqueue() -> None:
         DBOS.migrate(dsn)
@@ -193,11 +207,12 @@ async def trial(cluster: Cluster, sessions: int, workers: int, latency: float) -
     enqueue_start = time.perf_counter()
     await enqueue_all(dsn, sessions)
     start = time.perf_counter()
-    with anyio.fail_after(1800):
+    poll = min(0.5, max(0.05, sessions / 5000))  # the count costs server CPU at 10,000
+    with anyio.fail_after(3600):
         while True:
             if await done_count(dsn) >= sessions:
                 break
-            await anyio.sleep(0.05)
+            await anyio.sleep(poll)
     wall = time.perf_counter() - start
     worker_cpu = sum(cpu_of(p.pid) for p in procs) - worker_cpu0
     pg_cpu = server_cpu(cluster) - server_cpu0
@@ -247,41 +262,87 @@ async def sqlite_figures(sessions: int, latency: float) -> dict[str, Any]:
     } | {"sessions_per_s": result["sessions"] / result["wall_s"]}
 
 
+def lower_bound(trial: dict[str, Any], cores: int) -> dict[str, float]:
+    """The wall time the measured CPU alone needs on ``cores`` cores, over the ideal."""
+    per_call = trial["worker_cpu_ms_per_model_call"] + trial["postgres_cpu_ms_per_model_call"]
+    wall = trial["model_calls"] * per_call / 1e3 / cores
+    return {
+        "cpu_ms_per_model_call": per_call,
+        "cpu_bound_wall_s": wall,
+        "cpu_bound_over_ideal": wall / trial["ideal_s"],
+        "cores_for_goal_1_5x": trial["model_calls"] * per_call / 1e3 / (1.5 * trial["ideal_s"]),
+    }
+
+
+async def run_size(
+    cluster: Cluster,
+    sessions: int,
+    counts: list[int],
+    latency: float,
+    out: dict[str, Any],
+    save: Callable[[], None],
+) -> None:
+    """Every worker count at ``sessions`` concurrent agents, then one SQLite process, into
+    ``out`` (``save`` writes the figures so far after each)."""
+    cores = os.cpu_count() or 1
+    out["trials"] = []
+    for workers in counts:
+        result = await trial(cluster, sessions, workers, latency)
+        result["lower_bound"] = lower_bound(result, cores)
+        result["load_average_after"] = os.getloadavg()
+        out["trials"].append(result)
+        out["scaling_per_worker"] = scaling(out["trials"])
+        save()
+        print(
+            f"{workers} workers, {sessions} sessions: {result['sessions_per_s']:.1f} "
+            f"sessions/s, wall {result['wall_s']:.2f} s ({result['wall_over_ideal']:.2f}x "
+            f"ideal; CPU bound {result['lower_bound']['cpu_bound_over_ideal']:.2f}x), worker "
+            f"CPU {result['worker_cpu_ms_per_model_call']:.2f} ms/call, PostgreSQL CPU "
+            f"{result['postgres_cpu_ms_per_model_call']:.2f} ms/call, complete "
+            f"{result['all_complete']}",
+            flush=True,
+        )
+    out["sqlite_one_process"] = await sqlite_figures(sessions, latency)
+    save()
+    print(f"SQLite, one process, {sessions} sessions: {out['sqlite_one_process']}", flush=True)
+
+
+def scaling(trials: list[dict[str, Any]]) -> dict[str, float]:
+    """Throughput per worker against the fewest workers' (1.0 = perfect scaling)."""
+    base = min(trials, key=lambda t: t["workers"])
+    per_worker = base["sessions_per_s"] / base["workers"]
+    return {str(t["workers"]): t["sessions_per_s"] / (per_worker * t["workers"]) for t in trials}
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     counts = [int(n) for n in args.workers.split(",")]
-    out: dict[str, Any] = {"machine": machine_info(), "latency_s": args.latency, "trials": []}
+    sizes = [int(n) for n in args.sessions.split(",")]
+    out: dict[str, Any] = {"machine": machine_info(), "latency_s": args.latency, "sizes": {}}
+    out["load_average_start"] = os.getloadavg()
+
+    def save() -> None:
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
     with start_cluster(durable=True) as cluster:
         out["insert_floor"] = insert_floor(create_database(cluster))
         print(f"raw psycopg floor: {out['insert_floor']}", flush=True)
-        for workers in counts:
-            result = await trial(cluster, args.sessions, workers, args.latency)
-            out["trials"].append(result)
-            print(
-                f"{workers} workers, {args.sessions} sessions: {result['sessions_per_s']:.1f} "
-                f"sessions/s, wall {result['wall_s']:.2f} s ({result['wall_over_ideal']:.2f}x "
-                f"ideal), worker CPU {result['worker_cpu_ms_per_model_call']:.2f} ms/call, "
-                f"PostgreSQL CPU {result['postgres_cpu_ms_per_model_call']:.2f} ms/call, "
-                f"complete {result['all_complete']}",
-                flush=True,
-            )
-    out["sqlite_one_process"] = await sqlite_figures(args.sessions, args.latency)
-    print(f"SQLite, one process: {out['sqlite_one_process']}", flush=True)
-    base = out["trials"][0]["sessions_per_s"] / out["trials"][0]["workers"]
-    out["scaling_per_worker"] = {
-        str(t["workers"]): t["sessions_per_s"] / (base * t["workers"]) for t in out["trials"]
-    }
+        for sessions in sizes:
+            figures: dict[str, Any] = {}
+            out["sizes"][str(sessions)] = figures
+            await run_size(cluster, sessions, counts, args.latency, figures, save)
+    out["load_average_end"] = os.getloadavg()
+    save()
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--sessions", default="1000,10000", help="comma-separated sizes")
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--out", default=str(ROOT / "bench" / "workers.json"))
     args = parser.parse_args()
-    result = anyio.run(run, args)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    anyio.run(run, args)
     print(f"wrote {args.out}")
 
 
