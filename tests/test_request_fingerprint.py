@@ -35,7 +35,9 @@ def _conversation(turns: int) -> list[Message]:
 def _uncached(request: ModelRequest) -> str:
     messages_module._PREFIXES.clear()
     messages_module._DIGESTS.clear()
-    messages_module._DIGEST_REFS.clear()
+    messages_module._CONTENT_JSON.clear()
+    messages_module._REFS.clear()
+    messages_module._PROMPTS.clear()
     return request.fingerprint()
 
 
@@ -76,6 +78,47 @@ def test_any_change_changes_the_fingerprint() -> None:
 
 
 def test_message_digest_is_the_canonical_json_hash() -> None:
-    message = Message.user("hello")
-    expected = hashlib.sha256(canonical_json(message.model_dump(mode="json")).encode()).digest()
-    assert messages_module.message_digest(message) == expected
+    for message in [
+        Message.user("hello"),
+        Message.user('é ✓ "quoted" \\ \n tab\t'),
+        *_conversation(3),
+        Message(
+            role="assistant",
+            content=(
+                TextBlock(text="calling"),
+                ToolUseBlock(id="t", name="n", input={"z": [1, {"b": None, "a": "ü"}], "a": 2.5}),
+            ),
+        ),
+    ]:
+        dumped = message.model_dump(mode="json")
+        expected = hashlib.sha256(canonical_json(dumped).encode()).digest()
+        assert messages_module.message_digest(message) == expected
+        assert messages_module.message_content_json(message) == canonical_json(dumped["content"])
+
+
+def test_a_request_with_a_prompt_is_fingerprinted_the_same_cached_or_not() -> None:
+    tool = ToolDefinition(name="t", description="d", input_schema={"type": "object"}, cache="5m")
+    request = ModelRequest(
+        model="m",
+        system=(SystemBlock(text="be brief", cache="5m"), SystemBlock(text="today")),
+        tools=(tool,),
+        messages=tuple(_conversation(2)),
+    )
+    cached = [request.fingerprint() for _ in range(3)]
+    assert cached == [_uncached(request)] * 3
+    # the same content in new objects: the same fingerprint
+    again = ModelRequest.model_validate(request.model_dump())
+    assert again.fingerprint() == cached[0]
+
+
+def test_a_cached_prompt_dies_with_its_blocks() -> None:
+    import gc
+
+    _uncached(ModelRequest(model="m", messages=()))
+    before = len(messages_module._PROMPTS)
+    system = (SystemBlock(text="short-lived"),)
+    ModelRequest(model="m", system=system, messages=()).fingerprint()
+    assert len(messages_module._PROMPTS) == before + 1
+    del system
+    gc.collect()
+    assert len(messages_module._PROMPTS) == before

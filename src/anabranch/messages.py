@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from anabranch._memo import IdentityMemo
 from anabranch._model_settings import ModelSettings, ToolChoice
 from anabranch._text import ValidJSONObject as _ValidJSONObject
 from anabranch._text import ValidText, canonical_json, valid_json, valid_text
@@ -51,6 +52,7 @@ __all__ = [
     "Usage",
     "ValidText",
     "canonical_json",
+    "message_content_json",
     "message_digest",
     "messages_from_json",
     "messages_to_json",
@@ -323,14 +325,34 @@ class Message(_Frozen):
 
 MessageList = TypeAdapter(list[Message])
 
+_CONTENT_JSON: dict[int, str] = {}
+"""Canonical JSON of each live message's content, by ``id`` (dropped when it dies)."""
 _DIGESTS: dict[int, bytes] = {}
 """Digest of each live message, by ``id``; an entry is dropped when its message dies."""
-_DIGEST_REFS: dict[int, weakref.ref[Message]] = {}
+_REFS: dict[int, weakref.ref[Message]] = {}
 
 
 def _forget(key: int) -> None:
+    _CONTENT_JSON.pop(key, None)
     _DIGESTS.pop(key, None)
-    _DIGEST_REFS.pop(key, None)
+    _REFS.pop(key, None)
+
+
+def _watch(key: int, message: Message) -> None:
+    if key not in _REFS:
+        _REFS[key] = weakref.ref(message, lambda _ref: _forget(key))
+
+
+def message_content_json(message: Message) -> str:
+    """Canonical JSON of the message's content blocks (what the store keeps), computed
+    once per message object: its digest and its stored record share the one encoding."""
+    key = id(message)
+    text = _CONTENT_JSON.get(key)
+    if text is None:
+        text = canonical_json(message.model_dump(mode="json")["content"])
+        _CONTENT_JSON[key] = text
+        _watch(key, message)
+    return text
 
 
 def message_digest(message: Message) -> bytes:
@@ -338,9 +360,12 @@ def message_digest(message: Message) -> bytes:
     key = id(message)
     digest = _DIGESTS.get(key)
     if digest is None:
-        digest = hashlib.sha256(canonical_json(message.model_dump(mode="json")).encode()).digest()
+        # the canonical JSON of the whole message (keys sorted), around its content's
+        content = message_content_json(message)
+        encoded = f'{{"content":{content},"role":{canonical_json(message.role)}}}'
+        digest = hashlib.sha256(encoded.encode()).digest()
         _DIGESTS[key] = digest
-        _DIGEST_REFS[key] = weakref.ref(message, lambda _ref: _forget(key))
+        _watch(key, message)
     return digest
 
 
@@ -359,26 +384,27 @@ _PREFIXES: dict[int, tuple[tuple[Message, ...], Any]] = {}
 _PREFIX_LIMIT = 8
 
 
-_PROMPTS: dict[tuple[int, int], tuple[Any, Any, str]] = {}
+_PROMPTS: IdentityMemo[hashlib._Hash] = IdentityMemo()
 
 
-def _prompt_json(system: tuple[SystemBlock, ...], tools: tuple[ToolDefinition, ...]) -> str:
-    """Canonical JSON of a request's system blocks and tools, reused while they are the
-    same objects (a run keeps its snapshot's tuples from call to call)."""
-    key = (id(system), id(tools))
-    cached = _PROMPTS.get(key)
-    if cached is not None and cached[0] is system and cached[1] is tools:
-        return cached[2]
-    text = canonical_json(
-        {
-            "system": [b.model_dump(mode="json") for b in system],
-            "tools": [t.model_dump(mode="json") for t in tools],
-        }
-    )
-    _PROMPTS[key] = (system, tools, text)
-    while len(_PROMPTS) > _PREFIX_LIMIT:
-        del _PROMPTS[next(iter(_PROMPTS))]
-    return text
+def _prompt_hash(
+    system: tuple[SystemBlock, ...], tools: tuple[ToolDefinition, ...]
+) -> hashlib._Hash:
+    """SHA-256 state after the canonical JSON of a request's system blocks and tools,
+    reused while they are the same objects (a run sends its snapshot's with every call).
+    Copy it before updating."""
+
+    def compute() -> hashlib._Hash:
+        return hashlib.sha256(
+            canonical_json(
+                {
+                    "system": [b.model_dump(mode="json") for b in system],
+                    "tools": [t.model_dump(mode="json") for t in tools],
+                }
+            ).encode()
+        )
+
+    return _PROMPTS.get((system, tools), compute)
 
 
 def _messages_hash(messages: tuple[Message, ...]) -> bytes:
@@ -486,7 +512,7 @@ class ModelRequest(_Frozen):
         each message's own digest in order. Messages are frozen, so each is serialized once
         and a growing conversation hashes only what is new: the cost stays flat in its
         length instead of re-serializing the whole history on every call."""
-        digest = hashlib.sha256(_prompt_json(self.system, self.tools).encode())
+        digest = _prompt_hash(self.system, self.tools).copy()
         head = {
             "model": self.model,
             "max_tokens": self.max_tokens,
@@ -520,4 +546,19 @@ class ModelResponse(_Frozen):
     ``messages_changed``, ...)."""
 
     def to_message(self) -> Message:
-        return Message(role="assistant", content=self.content)
+        """The assistant message of this response: the same object on every call, so what
+        is derived from it (its stored JSON, its digest) is computed once."""
+        key = id(self)
+        entry = _RESPONSE_MESSAGES.get(key)
+        if entry is not None:
+            return entry[1]
+        message = Message(role="assistant", content=self.content)
+        _RESPONSE_MESSAGES[key] = (
+            weakref.ref(self, lambda _ref: _RESPONSE_MESSAGES.pop(key, None)),
+            message,
+        )
+        return message
+
+
+_RESPONSE_MESSAGES: dict[int, tuple[weakref.ref[ModelResponse], Message]] = {}
+"""The message of each live response, by ``id`` (dropped when the response dies)."""

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
+from anabranch._memo import IdentityMemo
 from anabranch.messages import (
     CacheTTL,
     Message,
@@ -110,77 +111,72 @@ def place_breakpoints(
     breakpoint after a 5m prefix is sent as 5m, since 1h entries must come first.
     ``ttl=None`` removes every breakpoint.
     """
-    tools = tuple(t.model_copy(update={"cache": None}) if t.cache else t for t in request.tools)
-    system = tuple(b.model_copy(update={"cache": None}) if b.cache else b for b in request.system)
-    if ttl is None:
-        return request.model_copy(
-            update={"tools": tools, "system": system, "message_breakpoints": ()}
-        )
-    head_ttl: CacheTTL = prefix_ttl or ttl
-    messages_ttl = message_ttl(ttl, prefix_ttl)
-    messages = request.messages
+    tools, system, messages = request.tools, request.system, request.messages
     wanted: list[tuple[str, int]] = []
-    if messages and _cacheable(messages[-1]):
-        wanted.append(("message", len(messages) - 1))
-    if system:
-        wanted.append(("system", 0))
-    if len(system) > 1:
-        wanted.append(("system", len(system) - 1))
-    anchor = _lookback_anchor(messages)
-    if anchor is not None:
-        wanted.append(("message", anchor))
-    if tools:
-        wanted.append(("tool", len(tools) - 1))
+    if ttl is not None:
+        if messages and _cacheable(messages[-1]):
+            wanted.append(("message", len(messages) - 1))
+        if system:
+            wanted.append(("system", 0))
+        if len(system) > 1:
+            wanted.append(("system", len(system) - 1))
+        anchor = _lookback_anchor(messages)
+        if anchor is not None:
+            wanted.append(("message", anchor))
+        if tools:
+            wanted.append(("tool", len(tools) - 1))
     chosen = set(wanted[:MAX_BREAKPOINTS])
-    new_tools: list[ToolDefinition] = [
-        t.model_copy(update={"cache": head_ttl}) if ("tool", i) in chosen else t
-        for i, t in enumerate(tools)
-    ]
-    new_system: list[SystemBlock] = [
-        b.model_copy(update={"cache": head_ttl}) if ("system", i) in chosen else b
-        for i, b in enumerate(system)
-    ]
-    marks = tuple(sorted((i, messages_ttl) for kind, i in chosen if kind == "message"))
+    head_ttl = prefix_ttl or ttl
+    new_tools = _marked(tools, {i for kind, i in chosen if kind == "tool"}, head_ttl)
+    new_system = _marked(system, {i for kind, i in chosen if kind == "system"}, head_ttl)
+    marks: tuple[tuple[int, CacheTTL], ...] = ()
+    if ttl is not None:
+        messages_ttl = message_ttl(ttl, prefix_ttl)
+        marks = tuple(sorted((i, messages_ttl) for kind, i in chosen if kind == "message"))
+    if new_tools is tools and new_system is system and marks == request.message_breakpoints:
+        return request
     return request.model_copy(
-        update={
-            "tools": tuple(new_tools),
-            "system": tuple(new_system),
-            "message_breakpoints": marks,
-        }
+        update={"tools": new_tools, "system": new_system, "message_breakpoints": marks}
     )
+
+
+_Marked = TypeVar("_Marked", ToolDefinition, SystemBlock)
+
+
+def _marked(items: tuple[_Marked, ...], at: set[int], ttl: CacheTTL | None) -> tuple[_Marked, ...]:
+    """``items`` with a ``ttl`` mark at the indexes ``at`` and none elsewhere: the very same
+    tuple when it already is so (a run's snapshot usually is), so what is derived from it
+    by identity (its digests, the request fingerprint's prefix) is reused."""
+    changed: list[_Marked] | None = None
+    for index, item in enumerate(items):
+        mark = ttl if index in at else None
+        if item.cache != mark:
+            if changed is None:
+                changed = list(items)
+            changed[index] = item.model_copy(update={"cache": mark})
+    return items if changed is None else tuple(changed)
 
 
 def _digest(payload: object) -> str:
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
-_DIGESTS: dict[int, tuple[object, str]] = {}
-"""Recent digests by ``id`` of the (immutable) sequence they were computed from."""
-
-
-def _cached(items: Sequence[object], compute: Callable[[], str]) -> str:
-    """``compute()``, reused while ``items`` is the same tuple object (a run keeps its
-    snapshot's tuples from call to call)."""
-    if not isinstance(items, tuple):
-        return compute()
-    entry = _DIGESTS.get(id(items))
-    if entry is not None and entry[0] is items:
-        return entry[1]
-    digest = compute()
-    _DIGESTS[id(items)] = (items, digest)
-    while len(_DIGESTS) > 64:
-        del _DIGESTS[next(iter(_DIGESTS))]
-    return digest
+_SYSTEM_DIGESTS: IdentityMemo[str] = IdentityMemo()
+_TOOLS_DIGESTS: IdentityMemo[str] = IdentityMemo()
+"""Digests by the (immutable) blocks they were computed from: a run keeps its snapshot's
+blocks from call to call."""
 
 
 def system_digest(system: Sequence[SystemBlock]) -> str:
     """A hash of what the cache keys on in the system blocks (breakpoint marks excluded)."""
-    return _cached(system, lambda: _digest([b.text for b in system]))
+    return _SYSTEM_DIGESTS.get((system,), lambda: _digest([b.text for b in system]))
 
 
 def tools_digest(tools: Sequence[ToolDefinition]) -> str:
     """A hash of what the cache keys on in the tool list (breakpoint marks excluded)."""
-    return _cached(tools, lambda: _digest([[t.name, t.description, t.input_schema] for t in tools]))
+    return _TOOLS_DIGESTS.get(
+        (tools,), lambda: _digest([[t.name, t.description, t.input_schema] for t in tools])
+    )
 
 
 def expected_cache_read(previous: Usage) -> int:

@@ -2,7 +2,8 @@
 
 When a call reads less cache than the previous successful call of the same run left
 (everything it read or wrote), the break is recorded in the store with its cause and
-emitted as a span event.
+emitted as a span event. A run's ``CacheWatch`` remembers its latest successful call, so
+the store is read for the previous call only on the first call after the run was loaded.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from anabranch.context._cache import (
     system_digest,
     tools_digest,
 )
-from anabranch.messages import ModelResponse
+from anabranch.messages import ModelResponse, Usage
 from anabranch.runtime._history import call_usage, snapshot_blocks
 from anabranch.runtime._view import RunView
 from anabranch.store import CallRecord, Store
 
-__all__ = ["REPORTED_CAUSES", "CacheBreak", "check_cache_break"]
+__all__ = ["REPORTED_CAUSES", "CacheBreak", "CacheWatch"]
 
 REPORTED_CAUSES: dict[str, CacheBreakCause] = {
     "model_changed": "model_changed",
@@ -55,37 +56,95 @@ async def _digests(store: Store, run_id: str, version: int | None) -> tuple[str,
     return system_digest(system), tools_digest(tools)
 
 
-def _state(call: CallRecord, model: str, digests: tuple[str, str]) -> CallCacheState:
-    return CallCacheState(
-        model=model,
-        system_digest=digests[0],
-        tools_digest=digests[1],
-        compactions=call.compactions or 0,
-        started=call.created,
-        usage=call_usage(call),
-        settings=call.settings or "",
-    )
+@dataclass(frozen=True)
+class _OkCall:
+    """What the check compares of one successful call."""
+
+    id: int
+    model: str | None
+    created: float
+    usage: Usage
+    snapshot_version: int | None
+    compactions: int
+    settings: str
+
+    @classmethod
+    def of_record(cls, call: CallRecord) -> _OkCall:
+        return cls(
+            id=call.id or 0,
+            model=call.model,
+            created=call.created,
+            usage=call_usage(call),
+            snapshot_version=call.snapshot_version,
+            compactions=call.compactions or 0,
+            settings=call.settings or "",
+        )
+
+    def state(self, model: str, digests: tuple[str, str]) -> CallCacheState:
+        return CallCacheState(
+            model=model,
+            system_digest=digests[0],
+            tools_digest=digests[1],
+            compactions=self.compactions,
+            started=self.created,
+            usage=self.usage,
+            settings=self.settings,
+        )
 
 
-async def check_cache_break(
-    run: RunView, call_id: int, response: ModelResponse
-) -> CacheBreak | None:
-    """Record (and emit) a cache break for ``call_id`` if there is one."""
-    policy = run.agent.context
-    if not policy.cache_breakpoints:
-        return None
-    store = run.store
-    calls = await store.recent_ok_calls(run.id, up_to=call_id, limit=2)
+async def _stored_previous(run: RunView, call_id: int) -> _OkCall | None:
+    """The run's successful call before ``call_id`` (which is committed ok), from the store."""
+    calls = await run.store.recent_ok_calls(run.id, up_to=call_id, limit=2)
     if len(calls) < 2 or calls[0].id != call_id:
         return None
-    current, previous = calls
+    return _OkCall.of_record(calls[1])
+
+
+class CacheWatch:
+    """Cache-break detection for one run, remembering the run's latest successful call."""
+
+    def __init__(self) -> None:
+        self._previous: _OkCall | None = None
+        self._known = False
+        """Whether ``_previous`` is known (only after a call made by this run object)."""
+
+    async def after_call(
+        self, run: RunView, call_id: int, call: CallRecord, response: ModelResponse
+    ) -> CacheBreak | None:
+        """Record (and emit) a cache break for ``call`` (committed as ``call_id`` with its
+        ``response``) if there is one; it becomes the previous call of the next check."""
+        current = _OkCall(
+            id=call_id,
+            model=response.model,
+            created=call.created,
+            usage=response.usage,
+            snapshot_version=call.snapshot_version,
+            compactions=call.compactions or 0,
+            settings=call.settings or "",
+        )
+        known, previous = self._known, self._previous
+        self._known, self._previous = True, current
+        if not run.agent.context.cache_breakpoints:
+            return None
+        if not known:
+            previous = await _stored_previous(run, call_id)
+        if previous is None:
+            return None
+        return await _check(run, current, previous, response)
+
+
+async def _check(
+    run: RunView, current: _OkCall, previous: _OkCall, response: ModelResponse
+) -> CacheBreak | None:
+    policy = run.agent.context
+    store = run.store
     if current.snapshot_version == previous.snapshot_version:
         here = before = (system_digest(run.system), tools_digest(run.tools))
     else:
         here = await _digests(store, run.id, current.snapshot_version)
         before = await _digests(store, run.id, previous.snapshot_version)
-    previous_state = _state(previous, previous.model or run.agent.model, before)
-    current_state = _state(current, response.model or run.agent.model, here)
+    previous_state = previous.state(previous.model or run.agent.model, before)
+    current_state = current.state(response.model or run.agent.model, here)
     cause = classify_cache_break(
         previous_state,
         current_state,
@@ -98,13 +157,13 @@ async def check_cache_break(
         cause = reported
     found = CacheBreak(
         run_id=run.id,
-        call_id=call_id,
+        call_id=current.id,
         cause=cause,
         expected_read=expected_cache_read(previous_state.usage),
         actual_read=current_state.usage.cache_read_input_tokens,
         idle_seconds=max(current.created - previous.created, 0.0),
     )
-    await store.add_cache_break(run.id, call_id, cause, found.expected_read, found.actual_read)
+    await store.add_cache_break(run.id, current.id, cause, found.expected_read, found.actual_read)
     run.tracing.cache_break(
         cause=cause,
         expected_read=found.expected_read,

@@ -32,6 +32,7 @@ from anabranch.messages import (
     ToolResultBlock,
     Usage,
     canonical_json,
+    message_content_json,
     messages_from_json,
 )
 from anabranch.store import (
@@ -101,17 +102,23 @@ def result_from_event(event: ToolEventRecord) -> ToolResultBlock:
 
 def message_json(message: Message, committed: Committed | None = None) -> str:
     """A message's content as the canonical JSON a ``MessageRecord`` stores: each tool
-    result that is exactly its committed event's (``committed``) as a reference to it."""
-    content = message.model_dump(mode="json")["content"]
-    if committed:
-        for index, block in enumerate(message.content):
-            if isinstance(block, ToolResultBlock) and committed.get(block.tool_use_id) == block:
-                content[index] = {
-                    "type": "tool_result",
-                    "tool_use_id": block.tool_use_id,
-                    "ref": TOOL_EVENT_REF,
-                }
-    return canonical_json(content)
+    result that is exactly its committed event's (``committed``) as a reference to it.
+    Without one, the message's own encoding (computed once per message object)."""
+    content: list[Any] | None = None
+    for index, block in enumerate(message.content):
+        if (
+            committed
+            and isinstance(block, ToolResultBlock)
+            and committed.get(block.tool_use_id) == block
+        ):
+            if content is None:
+                content = message.model_dump(mode="json")["content"]
+            content[index] = {
+                "type": "tool_result",
+                "tool_use_id": block.tool_use_id,
+                "ref": TOOL_EVENT_REF,
+            }
+    return message_content_json(message) if content is None else canonical_json(content)
 
 
 def _parse(record: MessageRecord) -> Message:

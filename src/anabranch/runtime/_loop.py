@@ -47,7 +47,7 @@ from anabranch.messages import (
 from anabranch.models._base import StreamingModel
 from anabranch.models._retry import retrying
 from anabranch.runtime._approval import GatedRun
-from anabranch.runtime._cache_watch import check_cache_break
+from anabranch.runtime._cache_watch import CacheWatch
 from anabranch.runtime._context_view import ContextView
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._final_report import final_report
@@ -112,6 +112,7 @@ class AgentRun(ToolCalls, RunContext):
         """The latest tool calls' results as their finished events hold them (a message
         block equal to one is stored as a reference to its event)."""
         self.events = RunEvents(self, env.events)
+        self.cache_watch = CacheWatch()
         self.stop: LimitStop | None = None
         """The limit that ended this run with a final report, if one did."""
 
@@ -522,20 +523,18 @@ class AgentRun(ToolCalls, RunContext):
         if not self.agent.context.system_prompt_snapshot:
             await self.rebuild_snapshot("rebuild")
         request = self.build_request(tool_choice=tool_choice, max_tokens=max_tokens)
-        call_id = await env.store.begin_call(
-            CallRecord(
-                run_id=self.id,
-                turn=self.turns + 1,
-                attempt=attempt,
-                fingerprint=request.fingerprint(),
-                message_count=len(request.messages),
-                created=time.time(),
-                snapshot_version=self.snapshot_version,
-                compactions=self.compactions,
-                settings=request.settings.cache_key(),
-            ),
-            (),
+        call = CallRecord(
+            run_id=self.id,
+            turn=self.turns + 1,
+            attempt=attempt,
+            fingerprint=request.fingerprint(),
+            message_count=len(request.messages),
+            created=time.time(),
+            snapshot_version=self.snapshot_version,
+            compactions=self.compactions,
+            settings=request.settings.cache_key(),
         )
+        call_id = await env.store.begin_call(call, ())
 
         async def commit(response: ModelResponse) -> None:
             message = response.to_message()
@@ -562,7 +561,7 @@ class AgentRun(ToolCalls, RunContext):
                 tuple(u.id for u in message.tool_uses),
                 frozenset(e.call_id for e in started),
             )
-            await self.after_response(call_id, response)
+            await self.after_response(call_id, call, response)
 
         try:
             return await self.request_once(request, attempt=attempt, on_response=commit)
@@ -572,10 +571,10 @@ class AgentRun(ToolCalls, RunContext):
             )
             raise
 
-    async def after_response(self, call_id: int, response: ModelResponse) -> None:
+    async def after_response(self, call_id: int, call: CallRecord, response: ModelResponse) -> None:
         """Records a cache break if this call read less cache than it could; then runs the
         ``after_response`` hook of cooperating features, if any."""
-        self.events.cache_break(await check_cache_break(self, call_id, response))
+        self.events.cache_break(await self.cache_watch.after_call(self, call_id, call, response))
         hook = self.env.extras.get("after_response")
         if hook is not None:
             await hook(self, call_id, response)

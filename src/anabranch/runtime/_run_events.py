@@ -7,6 +7,7 @@ identity (session, run, agent, parent run) and publishes it without waiting.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, Literal
@@ -46,9 +47,18 @@ class RunEvents:
     """The event side of one agent run (read through its ``RunView``)."""
 
     def __init__(self, run: RunView, bus: EventBus) -> None:
-        self._run = run
+        # weak: the run holds its events, so a strong reference back would make every
+        # finished run (its whole context) garbage only the cyclic collector can free
+        self._run_ref = weakref.ref(run)
         self._bus = bus
         self._compaction_announced = False
+
+    @property
+    def _run(self) -> RunView:
+        run = self._run_ref()
+        if run is None:  # pragma: no cover - the run owns its events
+            raise RuntimeError("the run of these events is gone")
+        return run
 
     @property
     def active(self) -> bool:

@@ -124,10 +124,17 @@ class SessionDriver:
         end: SessionEnd | None = None
         lease_lost = False
 
+        body_done = anyio.Event()
+
         async def keep_lease(scope: anyio.CancelScope) -> None:
             nonlocal lease_lost
             while True:
-                await anyio.sleep(self.lease_ttl / 3)
+                # woken by the body's end rather than cancelled: a cancelled task leaves a
+                # reference cycle (its exception's traceback) only the cyclic GC frees
+                with anyio.move_on_after(self.lease_ttl / 3):
+                    await body_done.wait()
+                if body_done.is_set():
+                    return
                 with anyio.CancelScope(shield=True):
                     renewed = await store.renew_lease(session_id, self.owner, self.lease_ttl)
                 if not renewed:
@@ -147,7 +154,7 @@ class SessionDriver:
                     except Exception as exc:
                         end = SessionEnd.failure(exc)
                     finally:
-                        group.cancel_scope.cancel()
+                        body_done.set()
             except anyio.get_cancelled_exc_class():
                 if not lease_lost:
                     with anyio.CancelScope(shield=True):
