@@ -58,6 +58,19 @@ class Memory(BaseModel):
     """Consolidation prunes memories not updated for this many days (``None``: keep all)."""
     auto_consolidate: bool = False
     """Consolidate at session start when 24 hours and 5 sessions have passed since the last."""
+    consolidate_model: str | None = None
+    """A model that merges overlapping memories and distills the logs when consolidating
+    (``None``: the deterministic merge; also the fallback when the model call fails)."""
+    extract_before_compaction: bool = False
+    """Before a range of the context is summarized, one call of ``extract_model`` reads it
+    with the memory guidance and saves the durable facts it holds as memories (off by
+    default: it costs one more model call per compaction and writes files nobody asked
+    for; turn it on for long sessions whose early turns teach things worth keeping)."""
+    extract_model: str | None = None
+    """The model that extracts memories before a compaction (``None``: the summarizer's)."""
+    reselect_after_compaction: bool = True
+    """After each compaction, choose relevant memories again (skipping those already
+    surfaced in the run) and attach them after the summary."""
 
     @model_validator(mode="after")
     def _dir_is_a_folder_path(self) -> Memory:

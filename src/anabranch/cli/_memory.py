@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,18 +70,34 @@ async def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _consolidate(folder: str, retention_days: int | None) -> str:
-    from anabranch.memory import consolidate
-
+def _root(folder: str) -> Path:
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise CliError(f"{root} is not a memory folder (no such directory)")
-    return consolidate(root, retention_days=retention_days).summary()
+    return root
 
 
 async def cmd_consolidate(args: argparse.Namespace) -> int:
-    summary = await anyio.to_thread.run_sync(_consolidate, args.folder, args.retention_days)
-    print(summary)
+    from anabranch.memory import consolidate, consolidate_with_model
+
+    root = _root(args.folder)
+    if args.retention_days is not None and args.retention_days <= 0:
+        raise CliError("--retention-days must be a positive number of days")
+    if args.model is None:
+        report = await anyio.to_thread.run_sync(
+            functools.partial(consolidate, root, retention_days=args.retention_days)
+        )
+    else:
+        from anabranch.models import AnthropicModel
+
+        model = AnthropicModel()
+        try:
+            report = await consolidate_with_model(
+                root, model=model, model_name=args.model, retention_days=args.retention_days
+            )
+        finally:
+            await model.aclose()
+    print(report.summary())
     return 0
 
 
@@ -114,4 +131,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     consolidate_cmd.add_argument("folder", metavar="DIR")
     consolidate_cmd.add_argument(
         "--retention-days", type=int, default=None, help="prune memories older than this"
+    )
+    consolidate_cmd.add_argument(
+        "--model",
+        default=os.environ.get("ANABRANCH_CONSOLIDATE_MODEL"),
+        help="a model that merges and distills (Anthropic API; ANTHROPIC_API_KEY and "
+        "ANTHROPIC_BASE_URL as usual); without it, or when it fails, the deterministic merge",
     )

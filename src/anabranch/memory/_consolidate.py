@@ -22,7 +22,10 @@ __all__ = [
     "ConsolidationReport",
     "consolidate",
     "consolidation_due",
+    "finish",
     "note_session",
+    "pending_logs",
+    "read_state",
 ]
 
 STATE_FILE = ".consolidation.json"
@@ -43,13 +46,15 @@ class ConsolidationReport:
     """Memories written from the daily logs."""
     pruned: list[str] = field(default_factory=list)
     when: str = ""
+    method: str = "deterministic"
+    """``model <name>``, ``deterministic``, or ``deterministic (model <name> failed: …)``."""
 
     @property
     def changed(self) -> bool:
         return bool(self.merged or self.distilled or self.pruned)
 
     def summary(self) -> str:
-        lines = [f"Consolidation at {self.when}:"]
+        lines = [f"Consolidation at {self.when} ({self.method}):"]
         for kept, others in self.merged:
             lines.append(f"- merged {', '.join(others)} into {kept} (newest wins)")
         lines += [f"- distilled the daily logs into {name}" for name in self.distilled]
@@ -99,7 +104,7 @@ def _merge(newest: MemoryFile, older: list[MemoryFile]) -> MemoryFile:
     )
 
 
-def _read_state(root: Path) -> dict[str, object]:
+def read_state(root: Path) -> dict[str, object]:
     try:
         state = json.loads((root / STATE_FILE).read_text(encoding="utf-8"))
     except (FileNotFoundError, ValueError, UnicodeDecodeError):
@@ -116,7 +121,7 @@ def note_session(root: Path) -> None:
     """Count one more session since the last consolidation."""
     folder = MemoryFolder(root)
     with folder.locked():
-        state = _read_state(root)
+        state = read_state(root)
         count = state.get("sessions_since", 0)
         state["sessions_since"] = (count if isinstance(count, int) else 0) + 1
         _write_state(root, state)
@@ -125,7 +130,7 @@ def note_session(root: Path) -> None:
 def consolidation_due(root: Path, *, now: dt.datetime | None = None) -> bool:
     """At least 24 hours and 5 sessions since the last consolidation (or none yet and 5
     sessions)."""
-    state = _read_state(root)
+    state = read_state(root)
     sessions = state.get("sessions_since", 0)
     if not isinstance(sessions, int) or sessions < DUE_SESSIONS:
         return False
@@ -149,28 +154,36 @@ def _log_files(root: Path) -> list[Path]:
     )
 
 
-def _distill_logs(
+def pending_logs(
     folder: MemoryFolder, state: dict[str, object], today: dt.date
-) -> tuple[list[MemoryFile], list[str]]:
+) -> tuple[dict[str, list[str]], list[str]]:
+    """The entries of every finished daily log not consolidated yet, by day, and the logs'
+    keys (today's log is still being written: it waits)."""
     done = state.get("logs_done", [])
     seen = set(done) if isinstance(done, list) else set()
-    by_month: dict[str, list[str]] = {}
+    by_day: dict[str, list[str]] = {}
     consumed: list[str] = []
     for path in _log_files(folder.root):
         key = path.relative_to(folder.root).as_posix()
         if key in seen or path.stem >= today.isoformat():
-            continue  # today's log is still being written
+            continue
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        entries = [
+        by_day[path.stem] = [
             _MARKER.sub("", line.strip())
             for line in text.splitlines()
             if line.strip().startswith("- ")
         ]
-        by_month.setdefault(path.stem[:7], []).extend(f"{e} ({path.stem})" for e in entries)
         consumed.append(key)
+    return by_day, consumed
+
+
+def _distill_logs(folder: MemoryFolder, by_day: dict[str, list[str]]) -> list[MemoryFile]:
+    by_month: dict[str, list[str]] = {}
+    for day, entries in sorted(by_day.items()):
+        by_month.setdefault(day[:7], []).extend(f"{e} ({day})" for e in entries)
     written: list[MemoryFile] = []
     for month, entries in sorted(by_month.items()):
         name = f"log-{month}"
@@ -188,16 +201,21 @@ def _distill_logs(
                 updated=stamp,
             )
         )
-    return written, consumed
+    return written
 
 
 def consolidate(
-    root: Path, *, retention_days: int | None = None, now: dt.datetime | None = None
+    root: Path,
+    *,
+    retention_days: int | None = None,
+    now: dt.datetime | None = None,
+    method: str = "deterministic",
 ) -> ConsolidationReport:
-    """Consolidate the memories in ``root`` (blocking; call from a worker thread)."""
+    """Consolidate the memories in ``root`` without a model (blocking; call from a worker
+    thread). See ``consolidate_with_model`` for the model-written merge."""
     moment = now or dt.datetime.now(dt.UTC)
     folder = MemoryFolder(root)
-    report = ConsolidationReport(when=moment.replace(microsecond=0).isoformat())
+    report = ConsolidationReport(when=moment.replace(microsecond=0).isoformat(), method=method)
     memories = folder.all()  # newest first
     removed: list[str] = []
     writes: list[MemoryFile] = []
@@ -218,10 +236,36 @@ def consolidate(
             removed += [m.name for m in group]
             report.merged.append((newest.name, [m.name for m in group]))
         used.add(newest.name)
+    state = read_state(root)
+    by_day, consumed = pending_logs(folder, state, moment.date())
+    distilled = _distill_logs(folder, by_day)
+    writes += distilled
+    report.distilled = [m.name for m in distilled]
+    finish(folder, report, writes, removed, consumed, retention_days=retention_days, now=moment)
+    return report
+
+
+def finish(
+    folder: MemoryFolder,
+    report: ConsolidationReport,
+    writes: list[MemoryFile],
+    removed: list[str],
+    consumed: list[str],
+    *,
+    retention_days: int | None,
+    now: dt.datetime,
+    archive: list[MemoryFile] | None = None,
+) -> None:
+    """Prune past the retention age, write and remove in one locked step, then record the
+    run: the state (logs consumed, when) and the summary in ``logs/consolidations.md``.
+    ``archive``: originals a model rewrote, kept under ``logs/archive/`` (never lost)."""
+    root = folder.root
+    removed = list(removed)
     if retention_days is not None:
-        cutoff = moment - dt.timedelta(days=retention_days)
-        for memory in memories:
-            if memory.name in removed:
+        cutoff = now - dt.timedelta(days=retention_days)
+        written = {w.name for w in writes}
+        for memory in folder.all():
+            if memory.name in removed or memory.name in written:
                 continue
             try:
                 updated = dt.datetime.fromisoformat(memory.updated)
@@ -232,11 +276,13 @@ def consolidate(
             if updated < cutoff:
                 removed.append(memory.name)
                 report.pruned.append(memory.name)
-    state = _read_state(root)
-    distilled, consumed = _distill_logs(folder, state, moment.date())
-    writes += distilled
-    report.distilled = [m.name for m in distilled]
+    if archive:
+        shelf = root / LOG_DIR / "archive" / now.strftime("%Y-%m-%dT%H%M%S")
+        shelf.mkdir(parents=True, exist_ok=True)
+        for memory in archive:
+            atomic_write(shelf / memory.filename, memory.render())
     folder.replace_all(writes, [n for n in removed if n not in {w.name for w in writes}])
+    state = read_state(root)
     done = state.get("logs_done", [])
     state["logs_done"] = sorted({*(done if isinstance(done, list) else []), *consumed})
     state["last_run"] = report.when
@@ -247,4 +293,3 @@ def consolidate(
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a", encoding="utf-8") as handle:
             handle.write(report.summary() + "\n\n")
-    return report

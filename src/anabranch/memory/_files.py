@@ -43,6 +43,7 @@ __all__ = [
     "Provenance",
     "append_log",
     "atomic_write",
+    "merged_lines",
     "now_iso",
     "sanitize_name",
 ]
@@ -55,7 +56,8 @@ _NAME_CHARS = re.compile(r"[^a-z0-9_-]+")
 _MAX_NAME = 64
 _MAX_DESCRIPTION = 300
 _FIELDS = ("name", "description", "type", "created", "updated")
-_SOURCE_FIELDS = ("source_session", "source_run", "source_message")
+_SOURCE_FIELDS = ("source_session", "source_run", "source_message", "source_messages")
+_RANGE = re.compile(r"(\d+)-(\d+)")
 
 
 class MemoryWriteError(ValueError):
@@ -69,6 +71,14 @@ class Provenance:
     session_id: str | None = None
     run_id: str | None = None
     message_seq: int | None = None
+    message_range: tuple[int, int] | None = None
+    """The first and last message seq of a range it was extracted from (before a
+    compaction), inclusive."""
+
+    @property
+    def range_text(self) -> str | None:
+        span = self.message_range
+        return None if span is None else f"{span[0]}-{span[1]}"
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,8 @@ class MemoryFile:
     def render(self) -> str:
         lines = ["---"]
         lines += [f"{key}: {_one_line(str(getattr(self, key)))}" for key in _FIELDS]
-        values = (self.source.session_id, self.source.run_id, self.source.message_seq)
+        source = self.source
+        values = (source.session_id, source.run_id, source.message_seq, source.range_text)
         for key, value in zip(_SOURCE_FIELDS, values, strict=True):
             if value is not None:
                 lines.append(f"{key}: {_one_line(str(value))}")
@@ -102,6 +113,13 @@ class MemoryFile:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def merged_lines(old: str, new: str) -> str:
+    """``old``, then the lines of ``new`` it does not hold yet."""
+    have = {line.strip() for line in old.splitlines() if line.strip()}
+    fresh = [line for line in new.splitlines() if line.strip() and line.strip() not in have]
+    return "\n".join([old.strip("\n"), *fresh]) if fresh else old.strip("\n")
 
 
 def now_iso() -> str:
@@ -143,6 +161,7 @@ def parse(text: str, *, path: Path) -> MemoryFile | None:
         _log.warning("memory file %s lacks a valid name, description or type; skipped", path)
         return None
     seq = fields.get("source_message")
+    span = _RANGE.fullmatch(fields.get("source_messages", ""))
     return MemoryFile(
         name=fields["name"],
         description=fields["description"],
@@ -154,6 +173,7 @@ def parse(text: str, *, path: Path) -> MemoryFile | None:
             session_id=fields.get("source_session"),
             run_id=fields.get("source_run"),
             message_seq=int(seq) if seq and seq.isdigit() else None,
+            message_range=(int(span.group(1)), int(span.group(2))) if span else None,
         ),
     )
 
@@ -243,8 +263,12 @@ class MemoryFolder:
         type: MemoryType,
         content: str,
         source: Provenance = Provenance(),
+        merge: bool = False,
     ) -> tuple[MemoryFile, bool]:
-        """Create or update one memory and rewrite the index; ``(memory, created)``."""
+        """Create or update one memory and rewrite the index; ``(memory, created)``.
+
+        With ``merge``, an existing memory of that name keeps its content and gains the
+        new lines it lacks (an extraction never overwrites what someone wrote)."""
         stem = sanitize_name(name)
         description = _one_line(description)
         if not description:
@@ -271,11 +295,18 @@ class MemoryFolder:
                     "update or forget existing ones first"
                 )
             stamp = now_iso()
+            text = content.strip("\n")
+            if merge and previous is not None:
+                text = merged_lines(previous.content, text)
+                if len(text) > self.max_file_chars:
+                    raise MemoryWriteError(
+                        f"memory {stem!r} would grow past {self.max_file_chars:,} characters"
+                    )
             memory = MemoryFile(
                 name=stem,
                 description=description,
                 type=type,
-                content=content.strip("\n"),
+                content=text,
                 created=previous.created if previous else stamp,
                 updated=stamp,
                 source=source,

@@ -81,6 +81,7 @@ from anabranch.runtime._context_view import (
 )
 from anabranch.runtime._head import context_text, handles_in, originals, previous_summary
 from anabranch.runtime._limits import ChannelLimits
+from anabranch.runtime._memory_compaction import CompactionMemory
 from anabranch.runtime._run_prompt import with_breakpoints
 from anabranch.runtime._server_compaction import server_rebuild
 from anabranch.runtime._summarizer import SummarizerFailed, summarize
@@ -390,7 +391,11 @@ class CompactingPipeline:
         head = await originals(step.store, step.id, split.head, step.pending_spills())
         instructions = await self._pre_compact_hook(step, split, strategy, trigger)
         handles = handles_in(split.head)
+        memory = CompactionMemory(
+            step, lambda request: self._call(step, request), self.window(step)
+        )
         if strategy == "summarize":
+            details.update(await memory.extract(head, head_seqs))
             result = await self._summarize(step, head, head_seqs, instructions)
             details["model"] = result.model
             details["summary"] = result.summary
@@ -419,6 +424,7 @@ class CompactingPipeline:
             rebuilt = Rebuilt(rebuilt.messages, rebuilt.sources, rebuilt.kept, spilled)
             found = manifest(split.head, head_seqs, context_text(rebuilt.messages), handles=handles)
         details["manifest"] = found.as_dict()
+        rebuilt = await memory.reselect(head, rebuilt, self._note_chars(step), details)
         problems = context_violations(rebuilt.messages)
         problems += content_violations(
             step.context, rebuilt.messages, thinking=step.agent.model_settings.thinking

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import html
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import anyio.to_thread
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from anabranch.agents import Agent, Memory
 from anabranch.errors import ModelError
 from anabranch.memory._consolidate import consolidate, consolidation_due, note_session
+from anabranch.memory._consolidate_model import consolidate_with_model
 from anabranch.memory._files import (
     MemoryFile,
     MemoryFolder,
@@ -27,10 +28,18 @@ from anabranch.memory._files import (
     Provenance,
     append_log,
 )
+from anabranch.memory._guidance import NEVER_SAVE, TYPE_GUIDANCE
 from anabranch.memory._index import capped_index
 from anabranch.memory._secrets import find_secret
 from anabranch.memory._select import keyword_selection, parse_model_choice, selection_prompt
-from anabranch.messages import Message, ModelRequest, TextBlock, ToolDefinition, ToolUseBlock
+from anabranch.messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    TextBlock,
+    ToolDefinition,
+    ToolUseBlock,
+)
 from anabranch.runtime._builtins import ToolOutcome
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._view import RunView
@@ -40,25 +49,24 @@ __all__ = [
     "LogTool",
     "RememberTool",
     "attach_relevant_memories",
+    "choose_memories",
     "inherit_memory",
+    "memory_folder",
     "memory_session_start",
+    "render_attachment",
 ]
 
 _log = logging.getLogger(__name__)
 
-GUIDANCE = """\
-You have a long-term memory that lasts beyond this session: a folder of memory files whose \
-index (MEMORY.md) is in this prompt. Save with `remember` what will still matter in a later \
-session; remove with `forget` what turned out wrong. Each memory has a type:
-- user: who the user is — role, expertise, preferences, how they like answers.
-- feedback: corrections and confirmations of how to work, with the reason.
-- project: goals, decisions, constraints and deadlines that the code does not show.
-- reference: where to find things (documents, dashboards, tickets, people).
-Never save: what can be read from the code or the repository, what the instruction or \
-bootstrap files already say, secrets or credentials of any kind, or details of this one \
-task. Before you save, look in the index for a memory on the same subject and update it \
-(same name) instead of adding a duplicate. Keep descriptions to one line: they are the \
-index. A memory you save reaches the index in your prompt at its next rebuild."""
+GUIDANCE = (
+    "You have a long-term memory that lasts beyond this session: a folder of memory files "
+    "whose index (MEMORY.md) is in this prompt. Save with `remember` what will still matter "
+    "in a later session; remove with `forget` what turned out wrong. Each memory has a type:\n"
+    f"{TYPE_GUIDANCE}\n{NEVER_SAVE} Before you save, look in the index for a memory on the "
+    "same subject and update it (same name) instead of adding a duplicate. Keep descriptions "
+    "to one line: they are the index. A memory you save reaches the index in your prompt at "
+    "its next rebuild."
+)
 
 LOG_GUIDANCE = (
     "Use `log` for short, dated notes of what happened (decisions, findings, events); "
@@ -113,7 +121,7 @@ def _invalid(name: str, exc: pydantic.ValidationError) -> ToolOutcome:
     return ToolOutcome(f"Invalid arguments for {name}: {problems}.", is_error=True)
 
 
-def _folder(agent: Agent) -> MemoryFolder:
+def memory_folder(agent: Agent) -> MemoryFolder:
     memory = agent.memory
     assert memory is not None
     return MemoryFolder(
@@ -160,7 +168,7 @@ class RememberTool:
             )
         memory = run.agent.memory
         assert memory is not None
-        folder = _folder(run.agent)
+        folder = memory_folder(run.agent)
         source = Provenance(
             session_id=run.session_id, run_id=run.id, message_seq=max(run.next_seq - 1, 0)
         )
@@ -215,7 +223,7 @@ class ForgetTool:
             args = ForgetArguments.model_validate(call.input)
         except pydantic.ValidationError as exc:
             return _invalid(self.name, exc)
-        folder = _folder(run.agent)
+        folder = memory_folder(run.agent)
         try:
             removed = await anyio.to_thread.run_sync(folder.forget, args.name)
         except MemoryWriteError as exc:
@@ -250,7 +258,7 @@ class LogTool:
         secret = find_secret(args.text)
         if secret is not None:
             return ToolOutcome(f"Not logged: the note contains what looks like {secret}.", True)
-        folder = _folder(run.agent)
+        folder = memory_folder(run.agent)
         path = await anyio.to_thread.run_sync(
             functools.partial(append_log, folder.root, args.text, marker=call.id)
         )
@@ -258,7 +266,7 @@ class LogTool:
 
 
 # ---------------------------------------------------------------------- selection
-def _render_attachment(memories: Sequence[MemoryFile]) -> str:
+def render_attachment(memories: Sequence[MemoryFile]) -> str:
     parts = [
         "<relevant_memories>",
         "Memories from earlier sessions that may help with this task (verify before you "
@@ -273,9 +281,15 @@ def _render_attachment(memories: Sequence[MemoryFile]) -> str:
     return "\n".join(parts)
 
 
-async def _choose(
-    env: Environment, agent: Agent, memory: Memory, task: str, candidates: list[MemoryFile]
+async def choose_memories(
+    call: Callable[[ModelRequest], Awaitable[ModelResponse]],
+    memory: Memory,
+    task: str,
+    candidates: list[MemoryFile],
 ) -> tuple[list[str], str]:
+    """The names of the candidates relevant to ``task``, and how they were chosen: by
+    ``memory.select_model`` (one ``call``), or by keyword overlap when there is none or
+    it fails."""
     if memory.select_model is None:
         return keyword_selection(task, candidates, memory.select), "keywords"
     request = ModelRequest(
@@ -284,7 +298,7 @@ async def _choose(
         max_tokens=512,
     )
     try:
-        response = await env.model.request(request)
+        response = await call(request)
         return parse_model_choice(response.to_message().text, candidates, memory.select), "model"
     except (ModelError, ValueError) as exc:
         _log.info("memory selection by %s failed (%s); keyword overlap instead", request.model, exc)
@@ -307,14 +321,14 @@ async def attach_relevant_memories(
     memory = agent.memory
     if memory is None or memory.select == 0 or not messages or messages[-1].role != "user":
         return messages
-    folder = _folder(agent)
+    folder = memory_folder(agent)
     everything = await anyio.to_thread.run_sync(folder.all)
     candidates = everything[: memory.select_candidates]
     if not candidates:
         return messages
     task = _task_text(messages)
     with env.tracing.memory_span("select", agent=agent.name, session_id=env.session_id) as span:
-        chosen, method = await _choose(env, agent, memory, task, candidates)
+        chosen, method = await choose_memories(env.model.request, memory, task, candidates)
         env.tracing.memory_result(
             span,
             {
@@ -327,7 +341,7 @@ async def attach_relevant_memories(
     if not chosen:
         return messages
     by_name = {m.name: m for m in candidates}
-    attachment = TextBlock(text=_render_attachment([by_name[n] for n in chosen]))
+    attachment = TextBlock(text=render_attachment([by_name[n] for n in chosen]))
     last = messages[-1]
     return [*messages[:-1], Message(role="user", content=(*last.content, attachment))]
 
@@ -364,12 +378,21 @@ async def memory_session_start(env: Environment, agent: Agent) -> None:
         with env.tracing.memory_span(
             "consolidate", agent=agent.name, session_id=env.session_id
         ) as span:
-            report = await anyio.to_thread.run_sync(
-                functools.partial(consolidate, root, retention_days=memory.retention_days)
-            )
+            if memory.consolidate_model is not None:
+                report = await consolidate_with_model(
+                    root,
+                    model=env.model,
+                    model_name=memory.consolidate_model,
+                    retention_days=memory.retention_days,
+                )
+            else:
+                report = await anyio.to_thread.run_sync(
+                    functools.partial(consolidate, root, retention_days=memory.retention_days)
+                )
             env.tracing.memory_result(
                 span,
                 {
+                    "method": report.method,
                     "merged": [kept for kept, _ in report.merged],
                     "distilled": report.distilled,
                     "pruned": report.pruned,

@@ -335,6 +335,12 @@ class MessagesApp:
         ):  # the real API never calls a tool when told not to
             trace.error_message = "the policy called a tool under tool_choice none"
             raise APIFailure(500, "api_error", "Internal server error")
+        forced = request.settings.tool_choice
+        if forced not in (None, "auto", "none") and not any(
+            isinstance(b, ToolUseBlock) and forced in ("any", b.name) for b in response.content
+        ):  # the real API always calls the tool it is told to
+            trace.error_message = f"the policy did not call a tool under tool_choice {forced}"
+            raise APIFailure(500, "api_error", "Internal server error")
         blocks = prefix_blocks(request, wire.cache_marks, salt=wire.salt)
         usage = self.cache.account(request.model, blocks, estimate_request(request))
         response = fit_to_max_tokens(response, request.max_tokens)

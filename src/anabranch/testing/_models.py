@@ -24,6 +24,7 @@ from anabranch.messages import (
     Usage,
     canonical_json,
 )
+from anabranch.testing._memory_answers import memory_answer
 from anabranch.testing._signing import redacted_block, thinking_block
 
 __all__ = [
@@ -164,7 +165,9 @@ class TestModel:
     with an enum parameter once per enum value, so a supervisor spawns each sub-agent),
     then a final text answer summarising the tool results it saw (at once when the request
     says ``tool_choice="none"``). A compaction request
-    (a user turn asking for ``<summary>``) is answered with an ``<analysis>``/``<summary>``.
+    (a user turn asking for ``<summary>``) is answered with an ``<analysis>``/``<summary>``;
+    the memory extraction and consolidation requests with their tool's call (see
+    ``testing._memory_answers``).
     Tool ids carry their round number, so the count survives compaction: a compacted
     context's opening turn is not a new task. Tools in ``skip_tools`` (the built-in
     ``recall`` and ``forget``, by default) are never called. A request with thinking on is
@@ -213,6 +216,9 @@ class TestModel:
 
     def respond(self, request: ModelRequest) -> list[Block]:
         """The content blocks this model answers ``request`` with."""
+        remembered = memory_answer(request)
+        if remembered is not None:
+            return remembered
         if is_summary_request(request):
             last = request.messages[-1].text
             if _PART_TAG in last:
@@ -222,7 +228,10 @@ class TestModel:
         callable_tools = [t for t in request.tools if t.name not in self.skip_tools]
         if request.settings.tool_choice == "none":
             callable_tools = []
-        if callable_tools and rounds_done < self.rounds:
+        forced = request.settings.forces_tool_use
+        if forced and request.settings.tool_choice != "any":  # one named tool
+            callable_tools = [t for t in request.tools if t.name == request.settings.tool_choice]
+        if callable_tools and (rounds_done < self.rounds or forced):
             return self._tool_calls(request, callable_tools, rounds_done)
         schema = schema_in("\n".join(b.text for b in request.system))
         if schema is not None:  # an output_type agent: answer with a schema-valid object
