@@ -5,40 +5,32 @@ to the deterministic merge, and the change summary says which path ran."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import sys
 from pathlib import Path
 
 import anyio
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from anabranch import AnthropicModel
+from anabranch import Agent, AnthropicModel, Memory, Runtime
 from anabranch.memory import MemoryFolder, consolidate_with_model
+from anabranch.memory._consolidate import STATE_FILE
 from anabranch.memory._consolidate_model import CONSOLIDATE_TOOL
 from anabranch.memory._files import append_log
 from anabranch.messages import Block, ModelRequest, TextBlock, ToolUseBlock
 from anabranch.testing import FunctionModel, MessagesServer, TestModel
 
+from .test_memory_consolidate import _folder_with_overlap
+
 pytestmark = pytest.mark.anyio
 
 
 def _folder(root: Path) -> MemoryFolder:
-    folder = MemoryFolder(root)
-    folder.write(
-        name="release-schedule",
-        description="Releases happen on Tuesdays after the staging soak",
-        type="project",
-        content="Releases happen on Tuesdays.\nStaging soak lasts one day.",
-    )
-    folder.write(
-        name="release-days",
-        description="Releases happen on Wednesdays after the staging soak",
-        type="project",
-        content="Releases happen on Wednesdays.\nStaging soak lasts one day.",
-    )
-    folder.write(
-        name="tea", description="The user likes green tea", type="user", content="Green tea."
-    )
+    folder = _folder_with_overlap(root)
     yesterday = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
     append_log(root, "Moved the staging soak to two days.", when=yesterday)
     return folder
@@ -129,3 +121,20 @@ async def test_the_consolidate_command_uses_a_model_against_the_local_server(
     assert "(model cheap-model)" in out
     assert "merged release-schedule into release-days" in out
     assert any(r.request is not None for r in srv.log)
+
+
+async def test_automatic_consolidation_uses_the_configured_model(tmp_path: Path) -> None:
+    _folder(tmp_path / "memory")
+    (tmp_path / "memory" / STATE_FILE).write_text(json.dumps({"sessions_since": 4}))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    memory = Memory(dir=tmp_path / "memory", auto_consolidate=True, consolidate_model="cheap")
+    model = TestModel(rounds=0)
+    with anyio.fail_after(30):
+        async with Runtime(db=tmp_path / "x.db", model=model, tracer_provider=provider) as rt:
+            await rt.run(Agent(name="a", memory=memory), "first")
+    assert [r.model for r in model.requests][0] == "cheap"
+    spans = [s for s in exporter.get_finished_spans() if s.name == "memory consolidate a"]
+    assert [dict(s.attributes or {})["anabranch.memory.method"] for s in spans] == ["model cheap"]
+    assert MemoryFolder(tmp_path / "memory").read("release-schedule") is None  # merged away

@@ -42,7 +42,7 @@ class Memory(BaseModel):
     max_memories: int = Field(1_000, gt=0)
     """The most memory files the folder may hold; a write past it is refused."""
     select: int = Field(5, ge=0)
-    """Memories attached to a run's first turn (0: none)."""
+    """Memories attached to a run's first turn, and again after each compaction (0: none)."""
     select_candidates: int = Field(200, gt=0)
     """How many of the most recently changed memories are considered."""
     select_model: str | None = None

@@ -69,13 +69,15 @@ EXTRACT_SYSTEM = (
 
 
 class ExtractedMemory(BaseModel):
+    """One memory as a model writes it (``remember``'s arguments, the extraction's items)."""
+
     model_config = ConfigDict(extra="ignore")
 
     type: Literal["user", "feedback", "project", "reference"] = Field(
         description="user | feedback | project | reference"
     )
-    name: str = Field(description="A short kebab-case name; an index name updates it.")
-    description: str = Field(description="One line: what this memory is about.")
+    name: str = Field(description="A short kebab-case name; the same name updates a memory.")
+    description: str = Field(description="One line: what this memory is about (the index line).")
     content: str = Field(description="The memory itself, in Markdown.")
 
 

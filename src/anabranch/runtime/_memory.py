@@ -11,7 +11,7 @@ import functools
 import html
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import anyio.to_thread
 import pydantic
@@ -21,6 +21,7 @@ from anabranch.agents import Agent, Memory
 from anabranch.errors import ModelError
 from anabranch.memory._consolidate import consolidate, consolidation_due, note_session
 from anabranch.memory._consolidate_model import consolidate_with_model
+from anabranch.memory._extract import ExtractedMemory
 from anabranch.memory._files import (
     MemoryFile,
     MemoryFolder,
@@ -82,15 +83,8 @@ def _schema(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
-class RememberArguments(BaseModel):
+class RememberArguments(ExtractedMemory):
     model_config = ConfigDict(extra="forbid")
-
-    type: Literal["user", "feedback", "project", "reference"] = Field(
-        description="user | feedback | project | reference"
-    )
-    name: str = Field(description="A short kebab-case name; the same name updates a memory.")
-    description: str = Field(description="One line: what this memory is about (the index line).")
-    content: str = Field(description="The memory itself, in Markdown.")
 
 
 class ForgetArguments(BaseModel):
