@@ -14,7 +14,10 @@ Every tool result carries unique fact tokens (``fct`` + 10 characters). Per scen
 - **recallable**: share whose token ``recall(query=token)`` finds in the producing run's
   own history (the snippet, or one of the first three hits read in full);
 - compactions per agent (and how many grew the context, failed, or came on the turn right
-  after another), breaker openings, summarizer tokens (input + output), wall time.
+  after another), breaker openings, summarizer tokens (input + output), wall time;
+- **waited**: model calls that waited on a summarizer (a summary made at the threshold, or
+  a summary ahead still in flight there) and **ahead**: summaries computed ahead and
+  swapped in without a wait (the ``*-ahead`` scenarios turn ``compact_ahead_at`` on).
 
 The ``deep-tree-kill9`` scenario drives the session in child processes and SIGKILLs them
 (at a request the server receives, or on a timer) ``--kills`` times, resuming each time.
@@ -45,7 +48,7 @@ for entry in (ROOT, ROOT / "src"):
 from anabranch import AnthropicModel, RetryPolicy, Runtime  # noqa: E402
 from anabranch.messages import ToolUseBlock  # noqa: E402
 from anabranch.runtime._recall import RecallTool  # noqa: E402
-from anabranch.testing import MessagesServer  # noqa: E402
+from anabranch.testing import MessagesServer, TestModel  # noqa: E402
 from bench.fidelity_model import (  # noqa: E402
     FACT,
     PAGE,
@@ -150,6 +153,8 @@ class AgentFigures:
     breaker: int = 0
     status: str = ""
     facts: int = 0
+    waited: int = 0
+    ahead: int = 0
 
 
 @dataclass
@@ -164,6 +169,8 @@ class Figures:
     summaries: int = 0
     too_long: int = 0
     kills: int = 0
+    waited: int = 0
+    ahead: int = 0
     agents: dict[str, AgentFigures] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
@@ -184,7 +191,8 @@ async def measure(scenario: Scenario, db: Path, session_id: str, figures: Figure
         for child in stack.pop().subagents:
             agents[child.name] = child
             stack.append(child)
-    async with Runtime(db=db, model=None, synchronous="NORMAL") as rt:
+    # measuring makes no model call: an offline model, so no credentials are needed
+    async with Runtime(db=db, model=TestModel(), synchronous="NORMAL") as rt:
         store = rt.store
         runs = await store.list_runs(session_id)
         root = next(r for r in runs if r.parent_run_id is None)
@@ -207,6 +215,12 @@ async def measure(scenario: Scenario, db: Path, session_id: str, figures: Figure
                 agent_figures.compactions += 1
                 if (boundary.tokens_after or 0) >= (boundary.tokens_before or 0):
                     agent_figures.grew += 1
+                if boundary.strategy == "summarize":
+                    waited = _waited_on_summarizer(boundary)
+                    agent_figures.waited += waited
+                    agent_figures.ahead += not waited
+                    figures.waited += waited
+                    figures.ahead += not waited
             agent_figures.consecutive = _consecutive(
                 await store.load_messages(record.id), boundaries
             )
@@ -236,6 +250,14 @@ async def _produced_facts(store: Any, run_id: str) -> list[str]:
         if event.event == "finished" and event.content:
             found.update(dict.fromkeys(FACT.findall(event.content)))
     return list(found)
+
+
+def _waited_on_summarizer(boundary: Any) -> bool:
+    """Whether the call after this summary waited for it: it was made at the threshold, or
+    computed ahead but still in flight there."""
+    if boundary.trigger != "ahead":
+        return True
+    return bool(json.loads(boundary.extra or "{}").get("ahead", {}).get("waited"))
 
 
 def _consecutive(messages: list[Any], boundaries: list[Any]) -> int:
@@ -295,18 +317,20 @@ async def run_scenario(scenario: Scenario, folder: Path, kills: int, seed: int) 
 def print_table(rows: list[Figures]) -> None:
     print(
         f"{'scenario':<22}{'facts':>6}{'in view':>9}{'recall':>8}{'failed':>7}"
-        f"{'summ tok':>10}{'kills':>6}{'secs':>7}"
+        f"{'summ tok':>10}{'waited':>7}{'ahead':>6}{'kills':>6}{'secs':>7}"
     )
     for f in rows:
         r = f.row()
         print(
             f"{f.scenario:<22}{f.facts:>6}{r['in_view_pct']:>8}%{r['recallable_pct']:>7}%"
-            f"{f.failed_runs:>7}{f.summarizer_tokens:>10}{f.kills:>6}{f.seconds:>7}"
+            f"{f.failed_runs:>7}{f.summarizer_tokens:>10}{f.waited:>7}{f.ahead:>6}"
+            f"{f.kills:>6}{f.seconds:>7}"
         )
         for name, a in f.agents.items():
             print(
                 f"    {name:<14} compactions={a.compactions} grew={a.grew} failed={a.failed} "
-                f"consecutive={a.consecutive} breaker={a.breaker} status={a.status}"
+                f"consecutive={a.consecutive} breaker={a.breaker} waited={a.waited} "
+                f"ahead={a.ahead} status={a.status}"
             )
 
 

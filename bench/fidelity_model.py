@@ -63,10 +63,26 @@ class Scenario:
     roles: tuple[Role, ...]
     prompt_chars: int = 400
     kills: bool = False
+    ahead: float | None = None
+    """``ContextPolicy.compact_ahead_at`` of every agent (None: compaction ahead off)."""
 
     def role(self, name: str) -> Role:
         return next(r for r in self.roles if r.name == name)
 
+
+DEEP_TREE = (
+    Role("supervisor", 30_000, children=("lead",)),
+    Role("lead", 12_000, children=("analyst_1", "analyst_2")),
+    Role("analyst_1", 7_000, calls=20, result_chars=5_000),
+    Role("analyst_2", 8_000, calls=20, result_chars=5_000),
+)
+"""Supervisor 30k -> lead 12k -> analysts 7k / 8k (with a ~2k-token static prompt)."""
+RESEARCHERS_25 = (
+    Role("supervisor", 30_000, children=("researcher_a", "researcher_b")),
+    Role("researcher_a", 9_000, calls=25),
+    Role("researcher_b", 16_000, calls=25, limit=10_000),
+)
+"""Supervisor 30k -> researchers 9k / 16k, the 16k one refused above 10k (its real limit)."""
 
 SCENARIOS = {
     s.name: s
@@ -81,32 +97,29 @@ SCENARIOS = {
         ),
         Scenario(
             "researchers-25-limit",
-            (
-                Role("supervisor", 30_000, children=("researcher_a", "researcher_b")),
-                Role("researcher_a", 9_000, calls=25),
-                Role("researcher_b", 16_000, calls=25, limit=10_000),
-            ),
+            RESEARCHERS_25,
         ),
         Scenario(
             "deep-tree",
-            (
-                Role("supervisor", 30_000, children=("lead",)),
-                Role("lead", 12_000, children=("analyst_1", "analyst_2")),
-                Role("analyst_1", 7_000, calls=20, result_chars=5_000),
-                Role("analyst_2", 8_000, calls=20, result_chars=5_000),
-            ),
+            DEEP_TREE,
             prompt_chars=7_500,
         ),
         Scenario(
             "deep-tree-kill9",
-            (
-                Role("supervisor", 30_000, children=("lead",)),
-                Role("lead", 12_000, children=("analyst_1", "analyst_2")),
-                Role("analyst_1", 7_000, calls=20, result_chars=5_000),
-                Role("analyst_2", 8_000, calls=20, result_chars=5_000),
-            ),
+            DEEP_TREE,
             prompt_chars=7_500,
             kills=True,
+        ),
+        Scenario(
+            "deep-tree-ahead",
+            DEEP_TREE,
+            prompt_chars=7_500,
+            ahead=0.45,
+        ),
+        Scenario(
+            "researchers-25-ahead",
+            RESEARCHERS_25,
+            ahead=0.4,
         ),
         Scenario(
             "huge-output",
@@ -157,7 +170,7 @@ def agents_for(scenario: Scenario) -> Agent:
             tools=tools,
             subagents=[build(scenario.role(c)) for c in role.children],
             max_turns=400,
-            context=ContextPolicy(window=role.window),
+            context=ContextPolicy(window=role.window, compact_ahead_at=scenario.ahead),
         )
 
     return build(scenario.roles[0])

@@ -23,6 +23,8 @@ DOORS = frozenset({"drive", "continue_with", "pipeline_step", "start", "load"})
 
 PIPELINE_MODULES = (
     "runtime/_pipeline.py",
+    "runtime/_ahead.py",
+    "runtime/_model_switch.py",
     "runtime/_compactor.py",
     "runtime/_compaction_step.py",
     "runtime/_context_view.py",

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from anabranch.models import Model as Model
     from anabranch.models import RetryPolicy as RetryPolicy
     from anabranch.runtime import GraphResult as GraphResult
+    from anabranch.runtime import IdleCompactor as IdleCompactor
     from anabranch.runtime import RunResult as RunResult
     from anabranch.runtime import Runtime as Runtime
     from anabranch.runtime import SpawnLimits as SpawnLimits
@@ -85,6 +86,7 @@ __all__ = [
     "Document",
     "Graph",
     "GraphResult",
+    "IdleCompactor",
     "Image",
     "InstructionLevel",
     "LeaseLostError",
@@ -168,6 +170,7 @@ _SOURCES = {
     "RunError": "anabranch.errors",
     "RunFailedError": "anabranch.errors",
     "RunResult": "anabranch.runtime",
+    "IdleCompactor": "anabranch.runtime",
     "Runtime": "anabranch.runtime",
     "ServerError": "anabranch.errors",
     "SessionBusyError": "anabranch.errors",

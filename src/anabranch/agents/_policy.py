@@ -45,6 +45,10 @@ class ContextPolicy(BaseModel):
     """Keep only the last K tool results inline once the soft threshold is passed."""
     clear_at: float = Field(0.5, gt=0.0, le=1.0)
     """Soft threshold (fraction of ``window``) for clearing old tool results."""
+    compact_ahead_at: float | None = Field(None, gt=0.0, lt=1.0)
+    """Compaction ahead: from this fraction of ``window`` (below ``compact_at``) the oldest
+    range is summarized in the background while the agent works, and swapped in at a call
+    boundary when ready, so the agent does not wait for it at the threshold. None: off."""
     summarizer_model: str | None = None
     """Model for ``summarize`` compactions; default: the agent's own model."""
     fallback_summarizer_model: str | None = None
@@ -55,6 +59,13 @@ class ContextPolicy(BaseModel):
     preventive_notes: bool = True
     """Tell the model in the static prompt that old tool results may be cleared or
     summarized, so it writes down what it will need (and can recall the rest)."""
+    idle_compaction: bool = True
+    """Compact a conversation idle between turns before its prompt cache expires (see
+    ``Runtime.compact_idle``), so the next turn does not re-send it all uncached."""
+    idle_compact_after: float = Field(0.9, gt=0.0, lt=1.0)
+    """Idle for this share of ``cache_ttl`` (0.9: 54 of 60 minutes) makes a session due."""
+    idle_compact_min_tokens: int = Field(20_000, ge=0)
+    """Contexts smaller than this are not worth an idle compaction's summary."""
     system_prompt_snapshot: bool = True
     """Build the system prompt once per run (rebuilt only after a compaction)."""
     cache_ttl: Literal["5m", "1h"] = "5m"
@@ -72,6 +83,15 @@ class ContextPolicy(BaseModel):
             raise ValueError(
                 f"output_reserve ({self.output_reserve}) must be smaller than "
                 f"window ({self.window})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ahead_below_threshold(self) -> ContextPolicy:
+        if self.compact_ahead_at is not None and self.compact_ahead_at >= self.compact_at:
+            raise ValueError(
+                f"compact_ahead_at ({self.compact_ahead_at}) must be below "
+                f"compact_at ({self.compact_at})"
             )
         return self
 

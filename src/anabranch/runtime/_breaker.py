@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from opentelemetry.trace import Span
 
+from anabranch.context._tokens import estimate_messages
 from anabranch.runtime._context_view import ContextView
 from anabranch.runtime._history import boundary_extra
 from anabranch.store import BoundaryRecord
@@ -32,6 +33,7 @@ __all__ = [
     "breaker_verdict",
     "consecutive_failures",
     "failure_record",
+    "warn_too_small",
 ]
 
 _log = logging.getLogger("anabranch.compaction")
@@ -161,4 +163,34 @@ def breaker_record(
         status="open",
         error=failure,
         extra=json.dumps({"failures": failures, "policy": policy.on_compaction_failure}),
+    )
+
+
+WARNED = 10_000
+"""Runs remembered as warned of a too-small window (the oldest forgotten first)."""
+
+
+def warn_too_small(
+    run: ContextView, warned: dict[str, None], window: int, threshold: int, fixed: int
+) -> None:
+    """Say once per run (``warned`` holds the runs told) that its window cannot hold one
+    turn after its prompt (``fixed`` tokens of system and tools): why its compactions are
+    ineffective, and what to change."""
+    if run.id in warned:
+        return
+    warned[run.id] = None
+    if len(warned) > WARNED:
+        del warned[next(iter(warned))]
+    last = estimate_messages(run.context[-2:])
+    _log.warning(
+        "agent %r (run %s): its window (%d tokens) cannot hold one turn: the prompt and "
+        "tools take %d, the answer reserve %d, the latest turn %d; compaction cannot get "
+        "below the threshold (%d). Raise ContextPolicy.window or make tool results smaller.",
+        run.agent.name,
+        run.id,
+        window,
+        fixed,
+        run.agent.context.reserve,
+        last,
+        threshold,
     )

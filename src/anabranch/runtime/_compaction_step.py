@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from anyio.abc import TaskGroup
+
 from anabranch.agents import Agent
 from anabranch.context._compaction import Rebuilt
 from anabranch.context._content import attachments_handle, attachments_to_json
@@ -114,6 +116,14 @@ class CompactionStep:
         return self.view.configured_window
 
     @property
+    def served_model(self) -> str | None:
+        return self.view.served_model
+
+    @property
+    def background(self) -> TaskGroup | None:
+        return self.view.background
+
+    @property
     def store(self) -> ContextStore:
         return self.view.store
 
@@ -124,8 +134,10 @@ class CompactionStep:
     def estimate_tokens(self, context: Sequence[Message]) -> int:
         return self.view.estimate_tokens(context)
 
-    async def call_summarizer(self, request: ModelRequest) -> ModelResponse:
-        return await self.view.call_summarizer(request)
+    async def call_summarizer(
+        self, request: ModelRequest, *, purpose: str = "compaction"
+    ) -> ModelResponse:
+        return await self.view.call_summarizer(request, purpose=purpose)
 
     # ------------------------------------------------------------------ pending
     async def context_seqs(self) -> list[int | None]:

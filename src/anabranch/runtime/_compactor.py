@@ -34,6 +34,7 @@ import inspect
 import logging
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -62,6 +63,7 @@ from anabranch.context._tokens import estimate_messages, estimate_request
 from anabranch.context._transcript import chars_for_tokens
 from anabranch.errors import PromptTooLongError
 from anabranch.messages import Message, ModelRequest, ModelResponse, ToolUseBlock
+from anabranch.runtime._ahead import AheadSummaries, Ready, ahead_split
 from anabranch.runtime._breaker import (
     breaker_open,
     breaker_record,
@@ -69,6 +71,7 @@ from anabranch.runtime._breaker import (
     breaker_verdict,
     consecutive_failures,
     failure_record,
+    warn_too_small,
 )
 from anabranch.runtime._builtins import ToolOutcome
 from anabranch.runtime._compaction_step import CompactionStep, boundary_commit
@@ -82,9 +85,10 @@ from anabranch.runtime._context_view import (
 from anabranch.runtime._head import context_text, handles_in, originals, previous_summary
 from anabranch.runtime._limits import ChannelLimits
 from anabranch.runtime._memory_compaction import CompactionMemory
+from anabranch.runtime._model_switch import ModelSwitch, model_switch
 from anabranch.runtime._run_prompt import with_breakpoints
 from anabranch.runtime._server_compaction import server_rebuild
-from anabranch.runtime._summarizer import SummarizerFailed, summarize
+from anabranch.runtime._summarizer import SummarizerFailed, summarize, summary_max_tokens
 
 __all__ = ["CompactingPipeline", "CompactionOutcome", "breaker_open", "consecutive_failures"]
 
@@ -102,17 +106,8 @@ KEEP_NOTHING_LEVEL = 2
 """Reactive level from which nothing is kept verbatim: the whole context is summarized."""
 
 
-WARNED = 10_000
-"""Runs remembered as warned of a too-small window (the oldest forgotten first)."""
-
-
 class _CompactionError(Exception):
     """A compaction attempt could not produce a valid context."""
-
-
-def summary_max_tokens(threshold: int, agent_max_tokens: int) -> int:
-    """Output budget of a summary: at most a quarter of the threshold."""
-    return max(64, min(agent_max_tokens, threshold // 4))
 
 
 class CompactingPipeline:
@@ -131,6 +126,7 @@ class CompactingPipeline:
         self.max_reactive_attempts = max_reactive_attempts
         self.limits = ChannelLimits()
         self._warned: dict[str, None] = {}
+        self.ahead = AheadSummaries()
 
     def window(self, run: ContextView) -> int:
         """The run's window: its policy's, or less if its channel said so."""
@@ -171,9 +167,37 @@ class CompactingPipeline:
             and step.context_tokens > self.window(step) * policy.clear_at
         ):
             await self._clear(step)
-        if step.context_tokens >= self.threshold(step):
+        if self.model_switch(step) is not None:
+            return await self._compact(step, trigger="model_switch")
+        threshold = self.threshold(step)
+        ready = await self.ahead.take(step, wait=step.context_tokens >= threshold)
+        if ready is not None:  # a summary computed ahead: swapped in at this call boundary
+            failure, fail = await self._attempt(
+                step, "summarize", "ahead", 0, degraded=False, ready=ready
+            )
+            if fail is not None:
+                return step.change(failure=failure, fail_run=fail)
+        if step.context_tokens >= threshold:
             return await self._compact(step, trigger="auto")
+        if self.ahead.due(step, threshold=threshold):
+            await self._start_ahead(step)
         return step.change()
+
+    def model_switch(self, run: ContextView) -> ModelSwitch | None:
+        """The run's model changed to one that cannot hold its context (see ``_model_switch``)."""
+        window, threshold, tokens = self.window(run), self.threshold(run), run.context_tokens
+        return model_switch(run.served_model, run.agent.model, tokens, threshold, window)
+
+    async def _start_ahead(self, step: CompactionStep) -> None:
+        """Start summarizing the head in the background (see ``_ahead``)."""
+        tail = self._tail_budget(step, 0)
+        keep = step.agent.context.keep_recent
+        split = ahead_split(step, keep_recent=keep, max_tail_tokens=tail)
+        if split is None or self._frees_too_little(step, split):
+            return
+        hook = await self._pre_compact_hook(step, split, "summarize", "ahead")
+        work = partial(self._summarize, instructions=hook)
+        await self.ahead.start(step, split, work, threshold=self.threshold(step))
 
     async def on_prompt_too_long(
         self, run: ContextView, error: PromptTooLongError, attempt: int
@@ -253,7 +277,14 @@ class CompactingPipeline:
         return step.change(failure=failure, fail_run=fail)
 
     async def _attempt(
-        self, step: CompactionStep, strategy: str, trigger: str, level: int, *, degraded: bool
+        self,
+        step: CompactionStep,
+        strategy: str,
+        trigger: str,
+        level: int,
+        *,
+        degraded: bool,
+        ready: Ready | None = None,
     ) -> tuple[str | None, str | None]:
         """One attempt, decided into ``step``: (why it did not apply, why the run fails)."""
         started = time.monotonic()
@@ -268,7 +299,7 @@ class CompactingPipeline:
             details: dict[str, Any] = {"level": level, "degraded": degraded}
             try:
                 seqs = await step.context_seqs()
-                decided = await self._rebuild(step, strategy, trigger, level, seqs, details)
+                decided = await self._rebuild(step, strategy, trigger, level, seqs, details, ready)
             except Exception as exc:
                 own = isinstance(exc, _CompactionError | SummarizerFailed)
                 error = str(exc) if own else f"{type(exc).__name__}: {exc}"
@@ -317,7 +348,8 @@ class CompactingPipeline:
             )
             fail = None
             if failure is not None:
-                self._warn_too_small(step)
+                sizes = (self.window(step), self.threshold(step), self._fixed_tokens(step))
+                warn_too_small(step, self._warned, *sizes)
                 fail = self._verdict(step, await step.boundaries(), span, failure)
         return None, fail
 
@@ -368,16 +400,21 @@ class CompactingPipeline:
         level: int,
         seqs: list[int | None],
         details: dict[str, Any],
+        ready: Ready | None = None,
     ) -> tuple[Rebuilt, Manifest | None] | None:
         if strategy == "server":  # the API writes the summary: see ``_server_compaction``
             return await server_rebuild(step, level, self._tail_budget(step, level), seqs, details)
         policy = step.agent.context
         nothing = level >= KEEP_NOTHING_LEVEL
-        split = choose_split(
-            step.context,
-            keep_recent=0 if nothing else policy.keep_recent >> level,
-            max_tail_tokens=0 if nothing else self._tail_budget(step, level),
-            empty_tail=True,
+        split = (
+            ready.split
+            if ready is not None
+            else choose_split(
+                step.context,
+                keep_recent=0 if nothing else policy.keep_recent >> level,
+                max_tail_tokens=0 if nothing else self._tail_budget(step, level),
+                empty_tail=True,
+            )
         )
         if split is None:
             stubbed = self._stub_only(step, level)
@@ -389,14 +426,23 @@ class CompactingPipeline:
         if trigger == "auto" and self._frees_too_little(step, split):
             return None
         head = await originals(step.store, step.id, split.head, step.pending_spills())
-        instructions = await self._pre_compact_hook(step, split, strategy, trigger)
+        instructions = None
+        if ready is None:  # a summary ahead had them when it started
+            instructions = await self._pre_compact_hook(step, split, strategy, trigger)
         handles = handles_in(split.head)
         memory = CompactionMemory(
             step, lambda request: self._call(step, request), self.window(step)
         )
         if strategy == "summarize":
             details.update(await memory.extract(head, head_seqs))
-            result = await self._summarize(step, head, head_seqs, instructions)
+            result = ready.ahead.result if ready is not None else None
+            if result is not None and ready is not None:
+                details["ahead"] = ready.ahead.record(waited=ready.waited)
+            else:
+                switch = self.model_switch(step)
+                if switch is not None:
+                    details["model_switch"] = switch.as_dict()
+                result = await self._summarize(step, head, head_seqs, instructions, switch=switch)
             details["model"] = result.model
             details["summary"] = result.summary
             details["usage"] = result.usage.model_dump(mode="json")
@@ -447,29 +493,6 @@ class CompactingPipeline:
             return False  # must compact whatever it frees
         return head - head // 4 < window * MIN_FREE_FRACTION
 
-    def _warn_too_small(self, run: ContextView) -> None:
-        """Say once per run that its window cannot hold one turn after its prompt."""
-        if run.id in self._warned:
-            return
-        self._warned[run.id] = None
-        if len(self._warned) > WARNED:
-            del self._warned[next(iter(self._warned))]
-        policy = run.agent.context
-        fixed = self._fixed_tokens(run)
-        last = estimate_messages(run.context[-2:])
-        _log.warning(
-            "agent %r (run %s): its window (%d tokens) cannot hold one turn: the prompt and "
-            "tools take %d, the answer reserve %d, the latest turn %d; compaction cannot get "
-            "below the threshold (%d). Raise ContextPolicy.window or make tool results smaller.",
-            run.agent.name,
-            run.id,
-            self.window(run),
-            fixed,
-            policy.reserve,
-            last,
-            self.threshold(run),
-        )
-
     def _stub_only(self, run: ContextView, level: int) -> Rebuilt:
         """No turn left to cut: a reactive retry can still stub the kept tool results."""
         if not level:
@@ -514,9 +537,13 @@ class CompactingPipeline:
         head: tuple[Message, ...],
         seqs: list[int | None],
         instructions: str | None,
+        *,
+        switch: ModelSwitch | None = None,
+        purpose: str = "compaction",
     ) -> Any:
         """Ask the summarizer (then the fallback) for a summary of ``head``, in parts if
-        it does not fit the summarizer's window."""
+        it does not fit the summarizer's window; after a model switch, the previous model
+        first, with room for the whole head (it held this context)."""
         policy = run.agent.context
         models = [policy.summarizer_model or run.agent.model]
         if policy.fallback_summarizer_model and policy.fallback_summarizer_model not in models:
@@ -524,6 +551,10 @@ class CompactingPipeline:
         window = self.window(run)
         max_tokens = summary_max_tokens(self.threshold(run), run.agent.max_tokens)
         budget = window - max_tokens - self._fixed_tokens(run) - window // 20
+        budgets = {}
+        if switch is not None:
+            models = [switch.previous, *(m for m in models if m != switch.previous)]
+            budgets[switch.previous] = max(budget, estimate_messages(head) + 1)
 
         def build(model: str, messages: list[Message]) -> ModelRequest:
             return with_breakpoints(
@@ -542,17 +573,20 @@ class CompactingPipeline:
             drop_thinking(head),
             models=models,
             budget=budget,
+            budgets=budgets,
             build=build,
-            call=lambda request: self._call(run, request),
+            call=lambda request: self._call(run, request, purpose),
             instructions=instructions,
             labels=[f"msg-{s}" if s is not None else None for s in seqs],
             max_summary_tokens=max_tokens,
         )
 
-    async def _call(self, run: ContextView, request: ModelRequest) -> ModelResponse:
+    async def _call(
+        self, run: ContextView, request: ModelRequest, purpose: str = "compaction"
+    ) -> ModelResponse:
         """One summarizer call (the run's summarizer retries and traces it)."""
         try:
-            return await run.call_summarizer(request)
+            return await run.call_summarizer(request, purpose=purpose)
         except PromptTooLongError as exc:  # teach the channel's limit, then smaller parts
             await self.limits.learn(
                 run, exc, model=request.model, estimate=estimate_request(request)

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from anyio.abc import TaskGroup
+
 from anabranch.agents import Agent
 from anabranch.context._digest import Manifest
 from anabranch.messages import Message, ModelRequest, ModelResponse, SystemBlock, ToolDefinition
@@ -100,6 +102,17 @@ class ContextView(Protocol):
         ...
 
     @property
+    def served_model(self) -> str | None:
+        """The model that served the latest response (another one after a model switch)."""
+        ...
+
+    @property
+    def background(self) -> TaskGroup | None:
+        """A task group held while the run is driven, for work a pipeline starts ahead
+        (it commits nothing there: it returns what it found in a later change)."""
+        ...
+
+    @property
     def store(self) -> ContextStore: ...
     @property
     def tracing(self) -> Tracing: ...
@@ -108,7 +121,9 @@ class ContextView(Protocol):
         """Estimated tokens of the request the run would send with ``context``."""
         ...
 
-    async def call_summarizer(self, request: ModelRequest) -> ModelResponse:
+    async def call_summarizer(
+        self, request: ModelRequest, *, purpose: str = "compaction"
+    ) -> ModelResponse:
         """One summarizer request: retried like any model call, traced as a child span."""
         ...
 

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from functools import partial
+from typing import Protocol
 
 from anabranch.agents import Agent
 from anabranch.errors import SessionNotFoundError, UserError
+from anabranch.runtime._compactor import CompactingPipeline, CompactionOutcome
+from anabranch.runtime._environment import Environment
 from anabranch.runtime._event_stream import EventStream, open_stream
 from anabranch.runtime._events import EventBus
+from anabranch.runtime._loop import AgentRun
 from anabranch.runtime._results import RunResult
 from anabranch.runtime._session_view import root_run
 from anabranch.store import RunRecord, SessionRecord, Store
 
-__all__ = ["check_message", "finished_root", "stream_session"]
+__all__ = ["check_message", "compact_finished", "finished_root", "stream_session"]
 
 _EITHER = "stream() takes either (agent, task) or (session_id=, message=)"
 
@@ -78,3 +83,36 @@ def stream_session(
         return await send(known_session, text)
 
     return open_stream(bus, continue_session)
+
+
+class CompactingHost(Protocol):
+    """What compacting a finished turn needs of a ``Runtime``."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def pipeline(self) -> object: ...
+    def resolve_agent(self, session: SessionRecord, agent: Agent | None = None) -> Agent: ...
+    def environment(self, session_id: str) -> Environment: ...
+
+
+async def compact_finished(
+    rt: CompactingHost,
+    lease: Callable[[str], AbstractAsyncContextManager[None]],
+    session_id: str,
+    agent: Agent | None,
+    *,
+    trigger: str,
+) -> CompactionOutcome:
+    """Compact the root agent's context of a finished turn now, under the session's
+    ``lease`` (``Runtime.compact``: ``manual``; ``IdleCompactor``: ``idle``)."""
+    root_agent, root = await finished_root(
+        rt.store, session_id, lambda session: rt.resolve_agent(session, agent)
+    )
+    pipeline = rt.pipeline
+    if not isinstance(pipeline, CompactingPipeline):
+        return CompactionOutcome(applied=False, failure="this pipeline cannot compact")
+    async with lease(session_id):
+        run = await AgentRun.load(rt.environment(session_id), root_agent, root)
+        async with run.events.compactions():
+            return await run.pipeline_step(partial(pipeline.compact, trigger=trigger))

@@ -24,6 +24,7 @@ from typing import TypeVar
 
 import anyio
 import pydantic
+from anyio.abc import TaskGroup
 
 from anabranch.agents import Agent
 from anabranch.context._cache import system_digest, tools_digest
@@ -62,6 +63,7 @@ from anabranch.runtime._history import (
     usage_anchor,
 )
 from anabranch.runtime._memory import attach_relevant_memories
+from anabranch.runtime._model_switch import served_model
 from anabranch.runtime._run_context import PipelineStep, RunContext
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import LimitStop, session_limits
@@ -106,6 +108,10 @@ class AgentRun(ToolCalls, RunContext):
         self.appended_since_usage: list[Message] = []
         self.compactions = 0
         self.thinking_floor = 0  # leading messages produced under an earlier prefix
+        self.background: TaskGroup | None = None
+        """Work started alongside the loop while it is driven (a summary ahead)."""
+        self.served_model: str | None = None
+        """The model that served the latest response (another model's, after a switch)."""
         self._fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None = None
         """Tool calls of the response just committed here, and those marked started with it."""
         self.committed_results: dict[str, ToolResultBlock] = {}
@@ -234,6 +240,7 @@ class AgentRun(ToolCalls, RunContext):
         # a run's successful calls are turns 1..n: the latest one's turn is their count
         run.turns = last_ok.turn if last_ok is not None else 0
         run.last_response_id = last_ok.response_id if last_ok is not None else None
+        run.served_model = served_model(record, last_ok)
         exchange = exchange_turns(run.context)
         run.turn_base = run.turns - exchange if exchange is not None else 0
         run.appended_since_usage = list(run.context)
@@ -357,10 +364,10 @@ class AgentRun(ToolCalls, RunContext):
             with self.events.run_lifecycle(), limits.driving(self):
                 if self.agent.on_limit == "fail":
                     with anyio.fail_after(self.agent.timeout):
-                        output = await self._loop()
+                        output = await self.alongside(self._loop)
                 else:
                     with anyio.CancelScope(deadline=limits.hard_deadline(self.id)) as cap:
-                        output = await self._loop()
+                        output = await self.alongside(self._loop)
                     if cap.cancelled_caught:
                         raise await limits.cut_off_run(self)
                 self.events.run_done(output, self.stop.reason if self.stop else None)
@@ -557,6 +564,7 @@ class AgentRun(ToolCalls, RunContext):
             )
             self.next_seq += 1
             self.last_response_id = response.id
+            self.served_model = request.model
             self._fresh_tools = (
                 tuple(u.id for u in message.tool_uses),
                 frozenset(e.call_id for e in started),

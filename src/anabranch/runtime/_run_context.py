@@ -14,6 +14,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
+import anyio
+from anyio.abc import TaskGroup
+
 from anabranch.agents import Agent
 from anabranch.context._tokens import estimate_messages, estimate_request
 from anabranch.errors import CompactionFailedError
@@ -62,6 +65,8 @@ class RunContext:
     compactions: int
     thinking_floor: int
     """Leading context messages produced under an earlier prefix (``_thinking_view``)."""
+    background: TaskGroup | None
+    served_model: str | None
     last_usage: Usage | None
     appended_since_usage: list[Message]
     committed_results: dict[str, ToolResultBlock]
@@ -181,10 +186,32 @@ class RunContext:
         """This run as the read-only view a context pipeline receives."""
         raise NotImplementedError
 
-    async def call_summarizer(self, request: ModelRequest) -> ModelResponse:
+    async def call_summarizer(
+        self, request: ModelRequest, *, purpose: str = "compaction"
+    ) -> ModelResponse:
         """One summarizer request, retried like any model call, traced as a child span."""
 
         async def attempt(n: int) -> ModelResponse:
-            return await self.request_once(request, attempt=n, purpose="compaction")
+            return await self.request_once(request, attempt=n, purpose=purpose)
 
         return await self.with_retries(attempt)
+
+    async def alongside(self, body: Callable[[], Awaitable[T]]) -> T:
+        """``body()`` with ``background`` set to a task group for as long as it runs (a
+        pipeline's work ahead lives there); what is still running in it when ``body``
+        ends is cancelled, and it committed nothing. ``body``'s own error is raised as it
+        is, not wrapped in an exception group (the group's tasks never raise)."""
+        try:
+            async with anyio.create_task_group() as group:
+                self.background = group
+                try:
+                    return await body()
+                finally:
+                    self.background = None
+                    group.cancel_scope.cancel()
+        except BaseExceptionGroup as errors:
+            if len(errors.exceptions) == 1:
+                error = errors.exceptions[0]
+                raise error from error.__cause__  # as it was raised, cause and all
+            raise
+        raise AssertionError("unreachable: the task group returned without a result")

@@ -9,7 +9,6 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -33,8 +32,13 @@ from anabranch.runtime._budgets import (
     refuse_start,
 )
 from anabranch.runtime._builtins import BuiltinTool
-from anabranch.runtime._compactor import CompactingPipeline, CompactionOutcome
-from anabranch.runtime._conversation import check_message, finished_root, stream_session
+from anabranch.runtime._compactor import CompactionOutcome
+from anabranch.runtime._conversation import (
+    check_message,
+    compact_finished,
+    finished_root,
+    stream_session,
+)
 from anabranch.runtime._dbpath import database_path
 from anabranch.runtime._definitions import (
     MODEL_CLIENT_KEY,
@@ -515,15 +519,8 @@ class Runtime:
 
     async def compact(self, session_id: str, agent: Agent | None = None) -> CompactionOutcome:
         """Compact the root agent's context of a finished turn now (``/compact``)."""
-        root_agent, root = await finished_root(
-            self.store, session_id, lambda session: self.resolve_agent(session, agent)
-        )
-        if not isinstance(self.pipeline, CompactingPipeline):
-            return CompactionOutcome(applied=False, failure="this pipeline cannot compact")
-        async with self._driver.lease(session_id):
-            run = await AgentRun.load(self.environment(session_id), root_agent, root)
-            async with run.events.compactions():
-                return await run.pipeline_step(partial(self.pipeline.compact, trigger="manual"))
+        lease = self._driver.lease
+        return await compact_finished(self, lease, session_id, agent, trigger="manual")
 
     async def approve(
         self, session_id: str, call_id: str, *, deny: str | None = None

@@ -9,7 +9,7 @@ a ``prompt is too long`` answer halves the budget and starts again in smaller pa
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from anabranch.context._compaction import (
@@ -23,11 +23,16 @@ from anabranch.context._transcript import chars_for_tokens, transcript_parts
 from anabranch.errors import ModelError, PromptTooLongError
 from anabranch.messages import Message, ModelRequest, ModelResponse, Usage
 
-__all__ = ["SummarizerFailed", "SummaryResult", "summarize"]
+__all__ = ["SummarizerFailed", "SummaryResult", "summarize", "summary_max_tokens"]
 
 MIN_PART_TOKENS = 256
 """A budget below this cannot hold a useful part: the summarizer has failed."""
 ATTEMPTS_PER_MODEL = 4
+
+
+def summary_max_tokens(threshold: int, agent_max_tokens: int) -> int:
+    """Output budget of a summary: at most a quarter of the threshold."""
+    return max(64, min(agent_max_tokens, threshold // 4))
 
 
 class SummarizerFailed(Exception):
@@ -48,6 +53,7 @@ async def summarize(
     *,
     models: Sequence[str],
     budget: int,
+    budgets: Mapping[str, int] | None = None,
     build: Callable[[str, list[Message]], ModelRequest],
     call: Callable[[ModelRequest], Awaitable[ModelResponse]],
     instructions: str | None = None,
@@ -56,13 +62,14 @@ async def summarize(
 ) -> SummaryResult:
     """Summarize ``head`` within ``budget`` tokens of messages per request.
 
+    ``budgets`` overrides ``budget`` for some models (one with a larger window).
     ``build(model, messages)`` makes the request (system, tools, breakpoints);
     ``call`` sends it. ``labels`` name each message in a parted transcript (``msg-N``).
     """
     errors: list[str] = []
     sent: list[ModelRequest] = []
     for model in models:
-        room = budget
+        room = (budgets or {}).get(model, budget)
         for _ in range(ATTEMPTS_PER_MODEL):
             if room < MIN_PART_TOKENS:
                 errors.append(f"{model}: the summarizer's budget ({room} tokens) is too small")

@@ -9,7 +9,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -80,6 +80,7 @@ class AppSettings:
     """Behaviour knobs of one server (see ``MessagesServer`` for their meaning)."""
 
     context_limit: int = 200_000
+    model_limits: Mapping[str, int] = field(default_factory=dict)
     latency: float = 0.0
     retry_after: float = 1.0
     api_key: str | None = None
@@ -268,7 +269,8 @@ class MessagesApp:
         trace.wire, trace.model, trace.stream = wire, wire.request.model, wire.stream
         if fault is not None:
             self._raise_for_fault(fault, stream=wire.stream)
-        validate(wire, context_limit=self.settings.context_limit, betas=_betas(request))
+        limit = self.settings.model_limits.get(wire.request.model, self.settings.context_limit)
+        validate(wire, context_limit=limit, betas=_betas(request))
         wire, trace.dropped_thinking = check_bindings(wire)
         if wire.compaction:
             response = await self._ask_policy(trace, compaction_wire(wire))

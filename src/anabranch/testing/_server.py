@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 
@@ -46,6 +46,8 @@ class MessagesServer:
             ``TestModel()``. A policy raising a ``ModelAPIError`` produces the matching HTTP
             error; ``ModelConnectionError`` drops the connection.
         context_limit: prompts above this many tokens get ``prompt is too long``.
+        model_limits: a smaller (or larger) limit for some models, by name: each model
+            has its own window, as on the real API.
         min_cache_tokens: shortest prefix a cache breakpoint will store.
         latency_ms: delay added before every ``/v1/messages`` answer.
         fault_rate: probability that a ``/v1/messages`` request gets a random fault.
@@ -63,6 +65,7 @@ class MessagesServer:
         policy: Model | Iterable[ScriptEntry] | None = None,
         *,
         context_limit: int = 200_000,
+        model_limits: Mapping[str, int] | None = None,
         min_cache_tokens: int = 1024,
         latency_ms: float = 0.0,
         fault_rate: float = 0.0,
@@ -86,6 +89,7 @@ class MessagesServer:
             faults=self.faults,
             settings=AppSettings(
                 context_limit=context_limit,
+                model_limits=dict(model_limits or {}),
                 latency=latency_ms / 1000.0,
                 retry_after=retry_after,
                 api_key=api_key,
