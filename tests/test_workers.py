@@ -114,6 +114,8 @@ def workers(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+            if proc.stderr is not None:
+                proc.stderr.close()
 
 
 @asynccontextmanager

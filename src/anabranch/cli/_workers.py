@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,24 @@ def _rate(text: str | None) -> tuple[int, float] | None:
     return parsed
 
 
+def _call_rate(args: argparse.Namespace) -> Any:
+    """The ``--rpm``/``--tpm`` limit, or ``None``."""
+    if args.rpm is None and args.tpm is None:
+        return None
+    from pydantic import ValidationError
+
+    from anabranch.models._rate import CallRate
+
+    try:
+        return CallRate(
+            requests=args.rpm, tokens=args.tpm, period=args.rate_period, name=args.rate_name
+        )
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        field = ".".join(str(p) for p in problem["loc"]) or "rate"
+        raise CliError(f"bad rate limit ({field}): {problem['msg']}") from None
+
+
 async def cmd_worker(args: argparse.Namespace) -> int:
     from anabranch.runtime._runtime import Runtime
 
@@ -87,6 +106,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     from anabranch.runtime._worker import WorkerOptions, serve
 
     agents, graphs = _definitions(args.files)
+    rate = _call_rate(args)
     options = WorkerOptions(
         queue=args.queue,
         concurrency=args.concurrency,
@@ -94,6 +114,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         starts_per_period=_rate(args.starts_per),
         executor_id=args.executor_id or "",
         heartbeat=args.heartbeat,
+        dead_after=args.dead_after,
     )
     options.validate()
     stop = anyio.Event()
@@ -113,14 +134,20 @@ async def cmd_worker(args: argparse.Namespace) -> int:
                 stop.set()
                 return
 
-    async with Runtime(
-        db=args.db,
-        model=_offline_model(args.files, args.offline),
-        tracer_provider=args.tracer_provider,
-        agents=agents,
-        graphs=graphs,
-        lease_ttl=args.lease_ttl,
-    ) as rt:
+    model = _offline_model(args.files, args.offline)
+    async with AsyncExitStack() as stack:
+        if rate is not None:
+            model = await _rate_limited(stack, model, args.db, rate)
+        rt = await stack.enter_async_context(
+            Runtime(
+                db=args.db,
+                model=model,
+                tracer_provider=args.tracer_provider,
+                agents=agents,
+                graphs=graphs,
+                lease_ttl=args.lease_ttl,
+            )
+        )
         async with anyio.create_task_group() as group:
             group.start_soon(on_signal)
             await serve(rt, args.db, options, on_ready=ready, stop=stop)
@@ -128,17 +155,41 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _rate_limited(stack: AsyncExitStack, model: Any, dsn: str, rate: Any) -> Any:
+    """``model`` (default: the Anthropic client) under ``rate``, shared by every worker on
+    the database; closed with ``stack``."""
+    from anabranch.models._pg_rate import PostgresCallLimiter
+    from anabranch.models._rate import RateLimitedModel
+
+    if model is None:
+        from anabranch.models._anthropic import AnthropicModel
+
+        model = AnthropicModel()
+    limiter = PostgresCallLimiter(dsn, rate)
+    await limiter.open()
+    stack.push_async_callback(limiter.aclose)
+    limited = RateLimitedModel(model, limiter)
+    stack.push_async_callback(limited.aclose)
+    return limited
+
+
 async def cmd_submit(args: argparse.Namespace) -> int:
     from anabranch.runtime._runtime import Runtime
 
     _require_postgres(args.db, "submit")
-    from anabranch.agents import Agent
+    from anabranch.agents import Agent, Graph
     from anabranch.runtime._loader import load_object
 
     path, name = split_reference(args.target)
     definition = load_object(args.target)
-    if not isinstance(definition, Agent):
-        raise CliError(f"{args.target} is a {type(definition).__name__}: submit takes an Agent")
+    if isinstance(definition, Graph) and args.task is not None:
+        raise CliError(f"{args.target} is a Graph: its tasks carry their prompts; drop TASK")
+    if isinstance(definition, Agent) and args.task is None:
+        raise CliError(f"{args.target} is an Agent: give it a TASK")
+    if not isinstance(definition, Agent | Graph):
+        raise CliError(
+            f"{args.target} is a {type(definition).__name__}: submit takes an Agent or a Graph"
+        )
     async with Runtime(db=args.db) as rt:
         session_id = await rt.submit(
             definition, args.task, queue=args.queue, source=f"{path}:{name}"
@@ -214,14 +265,44 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=10.0,
         help="session lease ttl; a silent worker is dead after it (10 s)",
     )
+    worker.add_argument(
+        "--dead-after",
+        type=float,
+        default=None,
+        help="a worker whose heartbeat is older is dead (default: the lease ttl)",
+    )
+    worker.add_argument(
+        "--rpm",
+        type=int,
+        default=None,
+        help="model calls per minute (per --rate-period) across every worker on the database",
+    )
+    worker.add_argument(
+        "--tpm",
+        type=int,
+        default=None,
+        help="model tokens per minute (per --rate-period) across every worker on the database",
+    )
+    worker.add_argument(
+        "--rate-period", type=float, default=60.0, help="the window of --rpm/--tpm (60 s)"
+    )
+    worker.add_argument(
+        "--rate-name",
+        default="default",
+        help="which shared limit (one per API key or organisation; default 'default')",
+    )
     worker.add_argument("--offline", action="store_true", help="Use the built-in TestModel")
     add_trace_arguments(worker)
 
     submit = add_command(
         commands, "submit", cmd_submit, "Queue a session for the workers; prints its id."
     )
-    submit.add_argument("target", metavar="FILE:OBJ", help="Python file and the Agent in it")
-    submit.add_argument("task", help="the task text")
+    submit.add_argument(
+        "target", metavar="FILE:OBJ", help="Python file and the Agent or Graph in it"
+    )
+    submit.add_argument(
+        "task", nargs="?", default=None, help="the task text (an Agent needs one; a Graph none)"
+    )
     submit.add_argument("--queue", default="anabranch", help="DBOS queue (anabranch)")
 
     wait = add_command(

@@ -1,7 +1,9 @@
-"""Model clients: the ``Model`` protocol, the Anthropic client and the retry policy.
+"""Model clients: the ``Model`` protocol, the Anthropic client, the retry policy and rate
+limits on model calls.
 
 ``AnthropicModel`` is imported on first use: the ``anthropic`` SDK takes about a second to
 import, and commands that never call a model (``--help``, ``sessions``, ``show``) skip it.
+``PostgresCallLimiter`` needs the ``postgres`` extra.
 """
 
 from typing import TYPE_CHECKING
@@ -14,7 +16,34 @@ from anabranch.models._retry import RetryPolicy as RetryPolicy
 
 if TYPE_CHECKING:
     from anabranch.models._anthropic import AnthropicModel as AnthropicModel
+    from anabranch.models._pg_rate import PostgresCallLimiter as PostgresCallLimiter
+    from anabranch.models._rate import CallLimiter as CallLimiter
+    from anabranch.models._rate import CallRate as CallRate
+    from anabranch.models._rate import LocalCallLimiter as LocalCallLimiter
+    from anabranch.models._rate import RateLimitedModel as RateLimitedModel
 
-__all__ = ["AnthropicModel", "DeltaSink", "Model", "RetryPolicy", "StreamingModel"]
+__all__ = [
+    "AnthropicModel",
+    "CallLimiter",
+    "CallRate",
+    "DeltaSink",
+    "LocalCallLimiter",
+    "Model",
+    "PostgresCallLimiter",
+    "RateLimitedModel",
+    "RetryPolicy",
+    "StreamingModel",
+]
 
-__getattr__, __dir__ = _lazy_exports(__name__, {"AnthropicModel": "anabranch.models._anthropic"})
+_RATE = "anabranch.models._rate"
+__getattr__, __dir__ = _lazy_exports(
+    __name__,
+    {
+        "AnthropicModel": "anabranch.models._anthropic",
+        "CallLimiter": _RATE,
+        "CallRate": _RATE,
+        "LocalCallLimiter": _RATE,
+        "RateLimitedModel": _RATE,
+        "PostgresCallLimiter": "anabranch.models._pg_rate",
+    },
+)

@@ -37,6 +37,7 @@ __all__ = [
     "graph_task",
     "resolve_graph",
     "resume_graph",
+    "stored_graph_result",
     "task_prompt",
 ]
 
@@ -90,10 +91,15 @@ async def resume_graph(
 ) -> GraphResult:
     """Continue an interrupted graph session; a finished one returns its stored result."""
     if session.status in ("done", "incomplete", "failed") and session.finished is not None:
-        results = _stored_results(graph, await _task_runs(env.store, session.id))
-        filled = _fill_unrun(graph, results, FAIL_FAST_NOT_RUN)
-        return await _result(env.store, session.id, graph, filled, _end(graph, filled))
+        return await stored_graph_result(env.store, graph, session.id)
     return await drive_graph(env, driver, graph, resumed=True)
+
+
+async def stored_graph_result(store: Store, graph: Graph, session_id: str) -> GraphResult:
+    """The result of a finished graph session, from the store (nothing runs)."""
+    results = _stored_results(graph, await _task_runs(store, session_id))
+    filled = _fill_unrun(graph, results, FAIL_FAST_NOT_RUN)
+    return await _result(store, session_id, graph, filled, _end(graph, filled))
 
 
 async def _task_runs(store: Store, session_id: str) -> dict[str, RunRecord]:

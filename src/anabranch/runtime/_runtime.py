@@ -545,17 +545,22 @@ class Runtime:
 
     # ------------------------------------------------------------------ queued sessions
     async def submit(
-        self, agent: Agent, task: str, *, queue: str | None = None, source: str | None = None
+        self,
+        definition: Agent | Graph,
+        task: str | None = None,
+        *,
+        queue: str | None = None,
+        source: str | None = None,
     ) -> str:
-        """Commit a new session and put it on a DBOS queue for ``anabranch worker``
-        processes (PostgreSQL only); returns its id at once. ``wait(id)`` for the result.
+        """Commit a new session of an agent (with ``task``) or a graph (no task: its tasks
+        carry their prompts) and put it on a DBOS queue for ``anabranch worker`` processes
+        (PostgreSQL only); returns its id at once. ``wait(id)`` for the result.
 
         Args:
             queue: the DBOS queue (default ``anabranch``); a worker serves one queue.
-            source: ``file.py:name`` the agent came from (for ``anabranch resume``).
+            source: ``file.py:name`` the definition came from (for ``anabranch resume``).
         """
-        outline = agent_outline(agent) if isinstance(agent, Agent) else {}
-        return await _queued.submit(self, agent, task, queue=queue, source=source, outline=outline)
+        return await _queued.submit(self, definition, task, queue=queue, source=source)
 
     async def wait(
         self,

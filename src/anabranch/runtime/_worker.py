@@ -9,8 +9,12 @@ What this adds, because open-source DBOS recovers a dead executor's workflows on
 executor with the same id comes back: every worker heartbeats into ``workers``; each one
 looks for executors whose heartbeat is older than ``dead_after`` and hands their pending
 sessions back to the queue with DBOS's own recovery (idempotent: it only moves workflows
-still pending on the dead executor). A worker that stalled and comes back is fenced by the
-store: another worker holds its sessions' leases by then, so its writes are refused.
+still pending on the dead executor). Separately, each one looks for sessions whose lease
+expired unreleased (the worker driving them stalled: its event loop stuck, its process
+stopped) and hands each such session back the same way, one workflow at a time, whether or
+not that worker's heartbeat has expired yet. A worker that stalled and comes back is
+fenced by the store: another worker holds its sessions' leases by then, so its writes are
+refused.
 """
 
 from __future__ import annotations
@@ -73,6 +77,8 @@ class WorkerOptions:
             raise UserError("the global concurrency must be at least 1")
         if self.heartbeat <= 0:
             raise UserError("the heartbeat interval must be positive")
+        if self.dead_after is not None and self.dead_after <= 0:
+            raise UserError("--dead-after must be positive")
 
 
 async def serve(
@@ -146,6 +152,12 @@ async def _heartbeat(
             handles = await anyio.to_thread.run_sync(_recover, dead)
             log.warning("worker %s is dead: %d sessions back on the queue", dead, handles)
             await registry.mark_recovered(dead, executor_id, dead_after)
+        for session_id in await registry.expired_leases(grace=0.0):
+            holder = await anyio.to_thread.run_sync(_recover_session, session_id, executor_id)
+            if holder is not None:
+                log.warning(
+                    "session %s: lease expired on %s; back on the queue", session_id, holder
+                )
         await anyio.sleep(options.heartbeat)
 
 
@@ -154,6 +166,26 @@ def _recover(executor_id: str) -> int:
     queue only if it is still pending on that executor, so two workers recovering the
     same dead one (or the dead one restarting) never run a session twice."""
     return len(DBOS._recover_pending_workflows([executor_id]))
+
+
+def _recover_session(session_id: str, me: str) -> str | None:
+    """Hand one session whose lease expired back to the queue, if its workflow is still
+    pending on another executor (one that stalled: its heartbeat may still be fresh, or
+    stop only later). DBOS's own per-workflow recovery step, as in ``_recover``: it moves
+    the workflow only while it is pending on that executor, so it is idempotent, and it
+    clears the old run's ownership, so a stalled run that comes back records nothing in
+    DBOS either. Returns the executor it was taken from."""
+    from dbos._dbos import _get_dbos_instance
+    from dbos._utils import INTERNAL_QUEUE_NAME
+
+    status = DBOS.get_workflow_status(session_id)
+    if status is None or status.status != "PENDING" or not status.executor_id:
+        return None
+    if status.executor_id == me:
+        return None
+    system_db = _get_dbos_instance()._sys_db
+    moved = system_db.reenqueue_for_recovery(session_id, [status.executor_id], INTERNAL_QUEUE_NAME)
+    return status.executor_id if moved else None
 
 
 def _quiet_dbos_logs(dsn: str) -> None:

@@ -2,9 +2,9 @@
 
 The same tables as the SQLite store. History tables are append-only, enforced by
 triggers: an ``UPDATE``, ``DELETE`` or ``TRUNCATE`` raises. Only ``leases`` (who drives a
-session now), ``workers`` (heartbeats) and ``meta`` change in place. History search uses
-PostgreSQL's own full-text search: expression GIN indexes over the text of each message
-and spill, so no second copy of the text is stored.
+session now), ``workers`` (heartbeats), the call-rate tables and ``meta`` change in place.
+History search uses PostgreSQL's own full-text search: expression GIN indexes over the
+text of each message and spill, so no second copy of the text is stored.
 """
 
 from __future__ import annotations
@@ -199,6 +199,23 @@ CREATE INDEX messages_search ON messages
 """
 
 
+_V4_CALL_LIMITS = """
+CREATE TABLE call_limits (
+    name text PRIMARY KEY, blocked_until double precision NOT NULL DEFAULT 0);
+CREATE TABLE call_slots (
+    id bigserial PRIMARY KEY, name text NOT NULL REFERENCES call_limits (name),
+    granted double precision NOT NULL, tokens bigint NOT NULL);
+CREATE INDEX call_slots_window ON call_slots (name, granted);
+-- leases held or left unreleased (a released one has expires = 0): workers look for
+-- expired ones every heartbeat
+CREATE INDEX leases_held ON leases (expires) WHERE expires > 0;
+"""
+"""Model-call rate limits shared by every worker (``PostgresCallLimiter``): one row per
+limit (locked while a call is granted; a pause after a 429) and the calls granted within
+its window (older ones are deleted as they leave it: not history). And an index for the
+failover of sessions whose lease expired."""
+
+
 def _append_only_triggers(tables: tuple[str, ...] = APPEND_ONLY) -> str:
     return "\n".join(
         f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {table} "
@@ -211,6 +228,7 @@ MIGRATIONS: list[str] = [
     _V1 + _append_only_triggers(),
     _V2_BUDGETS + _append_only_triggers(BUDGET_TABLES),
     _V3_TOOL_RESULT_REFS,
+    _V4_CALL_LIMITS,
 ]
 """One script per schema version; each runs in one transaction with the previous ones."""
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,261 @@
+"""Workers beyond agent sessions: graphs on the queue, failover of a stalled worker by its
+sessions' expired leases (a real SIGSTOP), and one model-call rate limit shared by every
+worker. Same real parts as ``test_workers``: a private PostgreSQL, worker subprocesses,
+the official SDK over HTTP to the local Messages API server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from anabranch import GraphResult, Runtime
+from anabranch.runtime._loader import load_object
+from anabranch.testing import MessagesServer, TestModel
+from tests.databases import rows, table_counts
+from tests.test_workers import DEFINITIONS, poll, workers
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+DB_NOW = "extract(epoch from clock_timestamp())::float8"
+
+GRAPH = """
+from anabranch import Graph, Task
+
+survey = Graph(
+    name="survey",
+    tasks=(
+        Task(id="gather", agent=researcher, prompt="Gather the sources"),
+        Task(id="check", agent=researcher, prompt="Check the sources"),
+        Task(id="write", agent=researcher, prompt="Write it up", depends_on=("gather", "check")),
+    ),
+)
+"""
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _env(server: MessagesServer, dsn: str, effects: Path) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "ANTHROPIC_BASE_URL": server.base_url,
+        "ANTHROPIC_API_KEY": "test-key",
+        "TEST_DSN": dsn,
+        "TEST_EFFECTS": str(effects),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    os.environ["TEST_DSN"], os.environ["TEST_EFFECTS"] = dsn, str(effects)
+    return env
+
+
+def _defs(tmp_path: Path) -> Path:
+    defs = tmp_path / "defs.py"
+    defs.write_text(textwrap.dedent(DEFINITIONS) + textwrap.dedent(GRAPH))
+    return defs
+
+
+def _midway(dsn: str, pid: int) -> bool:
+    """``pid`` holds a live lease on a session in which some tool has finished."""
+    found = rows(
+        dsn,
+        "SELECT count(*) FROM leases l WHERE l.pid = ? AND l.expires > "
+        "extract(epoch from clock_timestamp()) AND EXISTS (SELECT 1 FROM tool_events t "
+        "JOIN runs r ON r.id = t.run_id WHERE r.session_id = l.session_id "
+        "AND t.event = 'finished')",
+        (pid,),
+    )
+    return bool(found[0][0])
+
+
+def _effects(effects: Path) -> list[str]:
+    return effects.read_text().split("\n")[:-1] if effects.exists() else []
+
+
+async def test_graph_sessions_are_queued_and_survive_a_killed_worker(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """Graphs go on the queue like agents (``rt.submit(graph)``, ``anabranch submit
+    FILE:GRAPH``); a worker killed with kill -9 mid-graph has its graph finished by the
+    other one, with every task's report, no pairing error and no finished tool run again."""
+    defs, effects = _defs(tmp_path), tmp_path / "effects"
+    async with MessagesServer(policy=TestModel(rounds=2), latency_ms=40) as server:
+        env = _env(server, postgres_dsn, effects)
+        graph = load_object(f"{defs}:survey")
+        with workers(2, [defs], postgres_dsn, env) as procs:
+            victim = procs[0]
+            async with Runtime(db=postgres_dsn) as rt:
+                ids = [await rt.submit(graph, source=f"{defs}:survey") for _ in range(3)]
+                await poll(
+                    lambda: anyio.to_thread.run_sync(_midway, postgres_dsn, victim.pid), deadline=60
+                )
+                victim.kill()
+                victim.wait(timeout=10)
+                taken = rows(
+                    postgres_dsn,
+                    "SELECT session_id FROM leases WHERE pid = ? AND expires > 0",
+                    (victim.pid,),
+                )
+                assert taken, "the killed worker held no graph session"
+                with anyio.fail_after(120):
+                    results = [await rt.wait(session_id) for session_id in ids]
+                    cli = [sys.executable, "-m", "anabranch"]
+                    submitted = await anyio.run_process(
+                        [*cli, "submit", f"{defs}:survey", "--db", postgres_dsn], env=env
+                    )
+                    waited = await anyio.run_process(
+                        [
+                            *cli,
+                            "wait",
+                            submitted.stdout.decode().strip(),
+                            "--db",
+                            postgres_dsn,
+                            "--timeout",
+                            "60",
+                        ],
+                        env=env,
+                    )
+                refused = await anyio.run_process(
+                    [*cli, "submit", f"{defs}:survey", "a task", "--db", postgres_dsn],
+                    env=env,
+                    check=False,
+                )
+    assert refused.returncode != 0 and b"drop TASK" in refused.stderr
+    assert waited.stdout.decode().startswith("Report on: Write it up")
+    for result in results:
+        assert isinstance(result, GraphResult) and result.status == "done"
+        assert {t.id: t.status for t in result.tasks.values()} == dict.fromkeys(
+            ("gather", "check", "write"), "done"
+        )
+        assert result.output.startswith("Report on: Write it up")
+    lines = _effects(effects)
+    assert not [line for line in lines if "AGAIN" in line], "a finished tool ran again"
+    assert not [(r.status, r.error_message) for r in server.log if r.status != 200]
+    for (session_id,) in taken:
+        holder = rows(postgres_dsn, "SELECT pid FROM leases WHERE session_id = ?", (session_id,))
+        assert holder[0][0] != victim.pid
+
+
+async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """SIGSTOP a worker mid-way (its event loop cannot run: no lease renewal). Heartbeat
+    expiry is off (``--dead-after 600``), so only the expired leases can trigger failover:
+    its sessions continue on the others within the lease ttl plus a few seconds and finish.
+    SIGCONT it: it is fenced, and writes nothing more to the store."""
+    defs, effects = _defs(tmp_path), tmp_path / "effects"
+    ttl = 2.0
+    async with MessagesServer(policy=TestModel(rounds=3), latency_ms=40) as server:
+        env = _env(server, postgres_dsn, effects)
+        agent = load_object(f"{defs}:researcher")
+        with workers(3, [defs], postgres_dsn, env, "--dead-after", "600") as procs:
+            victim = procs[0]
+            async with Runtime(db=postgres_dsn) as rt:
+                ids = [
+                    await rt.submit(agent, f"survey topic {i}", source=f"{defs}:researcher")
+                    for i in range(6)
+                ]
+                await poll(
+                    lambda: anyio.to_thread.run_sync(_midway, postgres_dsn, victim.pid), deadline=60
+                )
+                victim.send_signal(signal.SIGSTOP)
+                try:
+                    taken = [
+                        r[0]
+                        for r in rows(
+                            postgres_dsn,
+                            "SELECT session_id FROM leases WHERE pid = ? AND expires > 0",
+                            (victim.pid,),
+                        )
+                    ]
+                    assert taken
+
+                    async def taken_over() -> bool:
+                        holders = rows(
+                            postgres_dsn,
+                            "SELECT count(*) FROM leases WHERE pid <> ? AND expires > 0 "
+                            f"AND session_id IN ({', '.join('?' * len(taken))})",
+                            (victim.pid, *taken),
+                        )
+                        return bool(holders[0][0] == len(taken))
+
+                    # the bound: lease ttl, a heartbeat, DBOS's queue poll, and slack for
+                    # a loaded machine
+                    await poll(taken_over, deadline=ttl + 8)
+                    with anyio.fail_after(120):
+                        results = [await rt.wait(session_id) for session_id in ids]
+                    before = table_counts(postgres_dsn)
+                    (since,) = rows(postgres_dsn, f"SELECT {DB_NOW}")[0]
+                finally:
+                    victim.send_signal(signal.SIGCONT)
+
+                async def victim_ran_a_while() -> bool:
+                    # its event loop is back: three heartbeats after SIGCONT
+                    beat = rows(
+                        postgres_dsn, "SELECT heartbeat FROM workers WHERE executor_id = 'w1'"
+                    )
+                    return bool(beat[0][0] > since + 1.0)
+
+                await poll(victim_ran_a_while, deadline=30)
+                after = table_counts(postgres_dsn)
+    assert [r.status for r in results] == ["done"] * 6
+    assert all(r.output.startswith("Report on: survey topic") for r in results)
+    assert after == before, "the stalled worker wrote after it came back"
+    lines = _effects(effects)
+    assert not [line for line in lines if "AGAIN" in line], "a finished tool ran again"
+    assert not [(r.status, r.error_message) for r in server.log if r.status != 200]
+    for session_id in taken:
+        holder = rows(postgres_dsn, "SELECT pid FROM leases WHERE session_id = ?", (session_id,))
+        assert holder[0][0] != victim.pid
+
+
+def _busiest(times: list[float], period: float) -> int:
+    ordered = sorted(times)
+    return max((sum(1 for t in ordered if s <= t < s + period) for s in ordered), default=0)
+
+
+async def test_workers_share_one_model_call_rate_and_honour_retry_after(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """Three workers under ``--rpm 6 --rate-period 3``: at the server, no window of 3 s
+    ever holds more than 6 calls (though six sessions at once would make many more), a 429
+    with retry-after pauses every worker, and no call is lost: every session finishes and
+    every call the store recorded reached the server.
+
+    A call reaches the server a moment after the database granted it; on a loaded machine
+    that moment varies, so the windows checked are 0.5 s shorter than the limit's."""
+    defs, effects = _defs(tmp_path), tmp_path / "effects"
+    period, limit, retry_after, slack = 3.0, 6, 3.0, 0.5
+    async with MessagesServer(policy=TestModel(rounds=2), latency_ms=40) as server:
+        env = _env(server, postgres_dsn, effects)
+        agent = load_object(f"{defs}:researcher")
+        server.inject("rate_limit", retry_after=retry_after)  # the first call is refused
+        rate = ("--rpm", str(limit), "--rate-period", str(period))
+        with workers(3, [defs], postgres_dsn, env, *rate):
+            async with Runtime(db=postgres_dsn) as rt:
+                ids = [
+                    await rt.submit(agent, f"survey topic {i}", source=f"{defs}:researcher")
+                    for i in range(6)
+                ]
+                with anyio.fail_after(120):
+                    results = [await rt.wait(session_id) for session_id in ids]
+    assert [r.status for r in results] == ["done"] * 6
+    calls = [r for r in server.log if r.endpoint == "messages"]
+    refused = [r for r in calls if r.status == 429]
+    assert len(refused) == 1 and all(r.status in (200, 429) for r in calls)
+    times = [r.timestamp for r in calls]
+    seen = [(round(r.timestamp - times[0], 2), r.status) for r in calls]
+    assert _busiest(times, period - slack) <= limit, seen
+    assert _busiest(times, period + slack) >= limit  # the limit held them back
+    paused = refused[0].timestamp
+    during = [r for r in calls if paused + slack < r.timestamp < paused + retry_after]
+    assert not during, f"a worker called the model during the retry-after pause: {seen}"
+    recorded = rows(postgres_dsn, "SELECT count(*) FROM calls")[0][0]
+    assert recorded == len(calls), (recorded, len(calls))
