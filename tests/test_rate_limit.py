@@ -178,3 +178,27 @@ def test_processes_on_one_postgres_share_the_limit(
     assert heaviest([(t, 50) for t in times], 1.0 - slack) <= 200
     assert busiest(times, 1.0 + slack) >= 4  # the limit held them back (not idle)
     assert max(times) - min(times) >= 18 / 4 - 1.0 - slack
+
+
+def test_a_bad_rate_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    defs = tmp_path / "defs.py"
+    defs.write_text("from anabranch import Agent\nhelper = Agent(name='helper')\n")
+    for flags in (["--rpm", "0"],):  # the model's own checks are tested above
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "anabranch",
+                "worker",
+                str(defs),
+                "--db",
+                "postgresql://nobody@127.0.0.1:1/none",
+                *flags,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode != 0
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "bad rate limit" in lines[0], done.stderr

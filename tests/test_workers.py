@@ -141,6 +141,26 @@ async def poll(condition: Callable[[], Awaitable[bool]], *, deadline: float) -> 
             await anyio.sleep(0.05)
 
 
+async def midway(dsn: str, pid: int) -> bool:
+    """``pid`` holds a live lease on a session in which some tool has finished."""
+    found = await anyio.to_thread.run_sync(
+        rows,
+        dsn,
+        "SELECT count(*) FROM leases l WHERE l.pid = ? AND l.expires > "
+        "extract(epoch from clock_timestamp()) AND EXISTS (SELECT 1 FROM tool_events t "
+        "JOIN runs r ON r.id = t.run_id WHERE r.session_id = l.session_id "
+        "AND t.event = 'finished')",
+        (pid,),
+    )
+    return bool(found[0][0])
+
+
+def held_by(dsn: str, pid: int) -> list[str]:
+    """The sessions ``pid`` holds (or held, unreleased) leases on."""
+    found = rows(dsn, "SELECT session_id FROM leases WHERE pid = ? AND expires > 0", (pid,))
+    return [str(r[0]) for r in found]
+
+
 async def test_twelve_sessions_three_workers_one_killed(tmp_path: Path, postgres_dsn: str) -> None:
     """The issue's 'done when': 12 sessions from one process to 3 workers; one worker is
     killed with kill -9 mid-way; every session finishes with its report, no request was
@@ -159,26 +179,10 @@ async def test_twelve_sessions_three_workers_one_killed(tmp_path: Path, postgres
                     for i in range(12)
                 ]
 
-                async def victim_is_midway() -> bool:
-                    # it holds sessions, and at least one of its tools has finished
-                    found = rows(
-                        postgres_dsn,
-                        "SELECT count(*) FROM leases l WHERE l.pid = ? AND l.expires > "
-                        "extract(epoch from clock_timestamp()) AND EXISTS (SELECT 1 FROM "
-                        "tool_events t JOIN runs r ON r.id = t.run_id WHERE r.session_id = "
-                        "l.session_id AND t.event = 'finished')",
-                        (victim.pid,),
-                    )
-                    return bool(found[0][0])
-
-                await poll(victim_is_midway, deadline=60)
+                await poll(lambda: midway(postgres_dsn, victim.pid), deadline=60)
                 victim.kill()  # kill -9
                 victim.wait(timeout=10)
-                taken = rows(
-                    postgres_dsn,
-                    "SELECT session_id FROM leases WHERE pid = ? AND expires > 0",
-                    (victim.pid,),
-                )
+                taken = held_by(postgres_dsn, victim.pid)
                 assert taken, "the killed worker held no session"
                 results = []
                 with anyio.fail_after(120):
@@ -205,6 +209,6 @@ async def test_twelve_sessions_three_workers_one_killed(tmp_path: Path, postgres
     # the killed worker's sessions were finished by the others
     finished_by = {line.split()[3] for line in lines}
     assert len(finished_by) == 3
-    for (session_id,) in taken:
+    for session_id in taken:
         holders = rows(postgres_dsn, "SELECT pid FROM leases WHERE session_id = ?", (session_id,))
         assert holders[0][0] != victim.pid

@@ -18,7 +18,7 @@ from anabranch import GraphResult, Runtime
 from anabranch.runtime._loader import load_object
 from anabranch.testing import MessagesServer, TestModel
 from tests.databases import rows, table_counts
-from tests.test_workers import DEFINITIONS, poll, workers
+from tests.test_workers import DEFINITIONS, held_by, midway, poll, workers
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -62,21 +62,17 @@ def _defs(tmp_path: Path) -> Path:
     return defs
 
 
-def _midway(dsn: str, pid: int) -> bool:
-    """``pid`` holds a live lease on a session in which some tool has finished."""
-    found = rows(
-        dsn,
-        "SELECT count(*) FROM leases l WHERE l.pid = ? AND l.expires > "
-        "extract(epoch from clock_timestamp()) AND EXISTS (SELECT 1 FROM tool_events t "
-        "JOIN runs r ON r.id = t.run_id WHERE r.session_id = l.session_id "
-        "AND t.event = 'finished')",
-        (pid,),
-    )
-    return bool(found[0][0])
-
-
-def _effects(effects: Path) -> list[str]:
-    return effects.read_text().split("\n")[:-1] if effects.exists() else []
+def _check_taken_over(
+    dsn: str, effects: Path, server: MessagesServer, taken: list[str], victim: int
+) -> None:
+    """No finished tool ran again, the server accepted every request, and another
+    process holds each session the victim had."""
+    lines = effects.read_text().split("\n")[:-1] if effects.exists() else []
+    assert not [line for line in lines if "AGAIN" in line], "a finished tool ran again"
+    assert not [(r.status, r.error_message) for r in server.log if r.status != 200]
+    for session_id in taken:
+        holder = rows(dsn, "SELECT pid FROM leases WHERE session_id = ?", (session_id,))
+        assert holder[0][0] != victim
 
 
 async def test_graph_sessions_are_queued_and_survive_a_killed_worker(
@@ -93,16 +89,10 @@ async def test_graph_sessions_are_queued_and_survive_a_killed_worker(
             victim = procs[0]
             async with Runtime(db=postgres_dsn) as rt:
                 ids = [await rt.submit(graph, source=f"{defs}:survey") for _ in range(3)]
-                await poll(
-                    lambda: anyio.to_thread.run_sync(_midway, postgres_dsn, victim.pid), deadline=60
-                )
+                await poll(lambda: midway(postgres_dsn, victim.pid), deadline=60)
                 victim.kill()
                 victim.wait(timeout=10)
-                taken = rows(
-                    postgres_dsn,
-                    "SELECT session_id FROM leases WHERE pid = ? AND expires > 0",
-                    (victim.pid,),
-                )
+                taken = held_by(postgres_dsn, victim.pid)
                 assert taken, "the killed worker held no graph session"
                 with anyio.fail_after(120):
                     results = [await rt.wait(session_id) for session_id in ids]
@@ -135,12 +125,7 @@ async def test_graph_sessions_are_queued_and_survive_a_killed_worker(
             ("gather", "check", "write"), "done"
         )
         assert result.output.startswith("Report on: Write it up")
-    lines = _effects(effects)
-    assert not [line for line in lines if "AGAIN" in line], "a finished tool ran again"
-    assert not [(r.status, r.error_message) for r in server.log if r.status != 200]
-    for (session_id,) in taken:
-        holder = rows(postgres_dsn, "SELECT pid FROM leases WHERE session_id = ?", (session_id,))
-        assert holder[0][0] != victim.pid
+    _check_taken_over(postgres_dsn, effects, server, taken, victim.pid)
 
 
 async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
@@ -162,19 +147,10 @@ async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
                     await rt.submit(agent, f"survey topic {i}", source=f"{defs}:researcher")
                     for i in range(6)
                 ]
-                await poll(
-                    lambda: anyio.to_thread.run_sync(_midway, postgres_dsn, victim.pid), deadline=60
-                )
+                await poll(lambda: midway(postgres_dsn, victim.pid), deadline=60)
                 victim.send_signal(signal.SIGSTOP)
                 try:
-                    taken = [
-                        r[0]
-                        for r in rows(
-                            postgres_dsn,
-                            "SELECT session_id FROM leases WHERE pid = ? AND expires > 0",
-                            (victim.pid,),
-                        )
-                    ]
+                    taken = held_by(postgres_dsn, victim.pid)
                     assert taken
 
                     async def taken_over() -> bool:
@@ -208,12 +184,7 @@ async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
     assert [r.status for r in results] == ["done"] * 6
     assert all(r.output.startswith("Report on: survey topic") for r in results)
     assert after == before, "the stalled worker wrote after it came back"
-    lines = _effects(effects)
-    assert not [line for line in lines if "AGAIN" in line], "a finished tool ran again"
-    assert not [(r.status, r.error_message) for r in server.log if r.status != 200]
-    for session_id in taken:
-        holder = rows(postgres_dsn, "SELECT pid FROM leases WHERE session_id = ?", (session_id,))
-        assert holder[0][0] != victim.pid
+    _check_taken_over(postgres_dsn, effects, server, taken, victim.pid)
 
 
 def _busiest(times: list[float], period: float) -> int:

@@ -152,9 +152,10 @@ async def _heartbeat(
             handles = await anyio.to_thread.run_sync(_recover, dead)
             log.warning("worker %s is dead: %d sessions back on the queue", dead, handles)
             await registry.mark_recovered(dead, executor_id, dead_after)
-        for session_id in await registry.expired_leases(grace=0.0):
-            holder = await anyio.to_thread.run_sync(_recover_session, session_id, executor_id)
-            if holder is not None:
+        expired = await registry.expired_leases(grace=0.0)
+        if expired:
+            moved = await anyio.to_thread.run_sync(_recover_sessions, expired, executor_id)
+            for session_id, holder in moved:
                 log.warning(
                     "session %s: lease expired on %s; back on the queue", session_id, holder
                 )
@@ -168,24 +169,29 @@ def _recover(executor_id: str) -> int:
     return len(DBOS._recover_pending_workflows([executor_id]))
 
 
-def _recover_session(session_id: str, me: str) -> str | None:
-    """Hand one session whose lease expired back to the queue, if its workflow is still
+def _recover_sessions(session_ids: list[str], me: str) -> list[tuple[str, str]]:
+    """Hand sessions whose lease expired back to the queue, each whose workflow is still
     pending on another executor (one that stalled: its heartbeat may still be fresh, or
     stop only later). DBOS's own per-workflow recovery step, as in ``_recover``: it moves
-    the workflow only while it is pending on that executor, so it is idempotent, and it
+    a workflow only while it is pending on that executor, so it is idempotent, and it
     clears the old run's ownership, so a stalled run that comes back records nothing in
-    DBOS either. Returns the executor it was taken from."""
+    DBOS either. Sessions with no pending workflow (run by ``anabranch run``, or already
+    moved) are left alone. Returns (session, executor it was taken from) for each moved."""
     from dbos._dbos import _get_dbos_instance
     from dbos._utils import INTERNAL_QUEUE_NAME
 
-    status = DBOS.get_workflow_status(session_id)
-    if status is None or status.status != "PENDING" or not status.executor_id:
-        return None
-    if status.executor_id == me:
-        return None
+    pending = DBOS.list_workflows(
+        workflow_ids=session_ids, status="PENDING", load_input=False, load_output=False
+    )
     system_db = _get_dbos_instance()._sys_db
-    moved = system_db.reenqueue_for_recovery(session_id, [status.executor_id], INTERNAL_QUEUE_NAME)
-    return status.executor_id if moved else None
+    moved = []
+    for workflow in pending:
+        holder = workflow.executor_id
+        if not holder or holder == me:
+            continue
+        if system_db.reenqueue_for_recovery(workflow.workflow_id, [holder], INTERNAL_QUEUE_NAME):
+            moved.append((workflow.workflow_id, holder))
+    return moved
 
 
 def _quiet_dbos_logs(dsn: str) -> None:

@@ -68,14 +68,15 @@ class WorkerRegistry:
 
         await self._store._connections.write(write)
 
-    async def expired_leases(self, grace: float) -> list[str]:
+    async def expired_leases(self, grace: float, limit: int = 1000) -> list[str]:
         """Unfinished sessions whose lease expired more than ``grace`` seconds ago without
-        being released: whoever drove them stopped renewing (stalled or dead)."""
+        being released: whoever drove them stopped renewing (stalled or dead). The most
+        recently expired first, at most ``limit``."""
         rows = await self._store._all(
             "SELECT l.session_id FROM leases l CROSS JOIN LATERAL (SELECT status FROM "
             "session_events WHERE session_id = l.session_id ORDER BY id DESC LIMIT 1) e "
             f"WHERE l.expires > 0 AND l.expires < {NOW} - %s AND e.status = 'running' "
-            "ORDER BY l.expires",
-            (grace,),
+            "ORDER BY l.expires DESC LIMIT %s",
+            (grace, limit),
         )
         return [str(row["session_id"]) for row in rows]
