@@ -552,14 +552,9 @@ class Runtime:
         queue: str | None = None,
         source: str | None = None,
     ) -> str:
-        """Commit a new session of an agent (with ``task``) or a graph (no task: its tasks
-        carry their prompts) and put it on a DBOS queue for ``anabranch worker`` processes
-        (PostgreSQL only); returns its id at once. ``wait(id)`` for the result.
-
-        Args:
-            queue: the DBOS queue (default ``anabranch``); a worker serves one queue.
-            source: ``file.py:name`` the definition came from (for ``anabranch resume``).
-        """
+        """Commit a session of an agent (with ``task``) or a graph (none: its tasks carry
+        their prompts), queued for ``anabranch worker`` processes (PostgreSQL; ``queue``:
+        default ``anabranch``; ``source``: ``file.py:name``); its id at once. Then ``wait``."""
         return await _queued.submit(self, definition, task, queue=queue, source=source)
 
     async def wait(
@@ -568,12 +563,8 @@ class Runtime:
         *,
         timeout: float | None = None,  # noqa: ASYNC109 - ends with a clear error (CLI --timeout)
     ) -> RunResult:
-        """The result of a session once it has finished (``done`` or ``failed``), whoever
-        runs it (polls the store).
-
-        Raises:
-            SessionNotFoundError: no such session; UserError: not finished in ``timeout``.
-        """
+        """The result of a session once it has ended, whoever runs it (polls the store).
+        Raises ``SessionNotFoundError``, or ``UserError`` when not ended in ``timeout``."""
         return await _queued.wait(self, session_id, timeout)
 
     def defines(self, session: SessionRecord) -> bool:
