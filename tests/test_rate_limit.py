@@ -114,6 +114,22 @@ async def test_a_429_pauses_every_caller_and_usage_replaces_the_estimate() -> No
     assert charged[1:] == [42, 42, 42]  # the answered calls: their real usage
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_pause_written_by_one_limiter_holds_every_other(postgres_dsn: str) -> None:
+    from anabranch.models import PostgresCallLimiter
+
+    rate = CallRate(requests=100, period=5, name="paused")
+    async with PostgresCallLimiter(postgres_dsn, rate) as one:
+        async with PostgresCallLimiter(postgres_dsn, rate) as other:
+            await other.acquire(1)  # the limit exists and grants at once
+            await one.pause(0.8)
+            start = time.monotonic()
+            with anyio.fail_after(30):
+                await other.acquire(1)
+            assert time.monotonic() - start >= 0.75  # not before the pause ended
+
+
 GRANTER = """
 import json, sys, time, anyio
 from anabranch.models import CallRate, PostgresCallLimiter
