@@ -96,3 +96,10 @@ async def test_a_result_stored_as_a_reference_is_searched_by_its_events_text(
     assert [h.ref for h in await store.search_history("run_1", "notes huddle")] == ["0"]
     assert await store.search_history("run_1", "elsewhere") == []  # another run's event
     assert await store.search_history("run_2", "penguins") == []  # no message refers to it
+
+
+async def test_a_word_the_index_splits_matches_its_parts(store: Store) -> None:
+    """``walrus_tusks`` is two words to the index: it matches what has both, anywhere."""
+    await _history(store)
+    assert [h.ref for h in await store.search_history("run_1", "walrus_tusks")] == ["1"]
+    assert [h.ref for h in await store.search_history("run_1", "tusks_walrus")] == ["1"]

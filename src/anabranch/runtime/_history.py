@@ -49,6 +49,7 @@ __all__ = [
     "TOOL_EVENT_REF",
     "Committed",
     "usage_anchor",
+    "usage_json",
     "Ranges",
     "attachments_from_json",
     "attachments_json",
@@ -270,6 +271,11 @@ def snapshot_record(
 
 
 # ---------------------------------------------------------------------- calls
+def usage_json(usage: Usage) -> str:
+    """A call's usage as stored: the counts that are not zero (reading fills in zeros)."""
+    return canonical_json(usage.model_dump(mode="json", exclude_defaults=True))
+
+
 def call_usage(call: CallRecord) -> Usage:
     """The usage a call's outcome recorded (zero while it has none)."""
     return Usage.model_validate_json(call.usage) if call.usage else Usage()

@@ -43,7 +43,6 @@ from anabranch.messages import (
     ToolDefinition,
     ToolResultBlock,
     Usage,
-    canonical_json,
 )
 from anabranch.models._base import StreamingModel
 from anabranch.models._retry import retrying
@@ -61,6 +60,7 @@ from anabranch.runtime._history import (
     snapshot_blocks,
     snapshot_record,
     usage_anchor,
+    usage_json,
 )
 from anabranch.runtime._memory import attach_relevant_memories
 from anabranch.runtime._model_switch import served_model
@@ -559,7 +559,7 @@ class AgentRun(ToolCalls, RunContext):
                 response_id=response.id,
                 model=response.model,
                 stop_reason=response.stop_reason,
-                usage=canonical_json(response.usage.model_dump(mode="json")),
+                usage=usage_json(response.usage),
                 tool_events=started,
             )
             self.next_seq += 1

@@ -418,7 +418,8 @@ class SQLiteHistory:
 
         Every word must match; if nothing does, any word may. Best matches first.
         """
-        words = re.findall(r"\w+", text)
+        # the index's own words (unicode61: letters and digits), so none is a phrase
+        words = re.findall(r"[^\W_]+", text)
         if not words:
             return []
         quoted = ['"' + w.replace('"', '""') + '"' for w in words]

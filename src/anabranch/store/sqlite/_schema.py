@@ -378,6 +378,26 @@ def _v9_tool_result_refs(db: sqlite_utils.Database) -> None:
         db.execute(statement)
 
 
+def _v10_lean_history_index(db: sqlite_utils.Database) -> None:
+    """The history index at less than half its size: ``detail=none`` (which documents hold
+    a word, not where: search asks for words, never phrases) and ``automerge=2`` (fewer,
+    larger segments). Rebuilt from what is stored."""
+    for table, view in (
+        ("history_fts", "history_messages"),
+        ("history_spill_fts", "history_spills"),
+    ):
+        for statement in (
+            f"DROP TABLE {table}",
+            f"CREATE VIRTUAL TABLE {table} USING fts5(body, run_id UNINDEXED, "
+            "source UNINDEXED, ref UNINDEXED, tokenize='unicode61', "
+            f"content='{view}', content_rowid='id', detail=none)",
+            f"INSERT INTO {table}({table}, rank) VALUES ('automerge', 2)",
+            f"INSERT INTO {table}(rowid, body, run_id, source, ref) "
+            f"SELECT id, body, run_id, source, ref FROM {view}",
+        ):
+            db.execute(statement)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1,
     _v2_call_prefix,
@@ -388,6 +408,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v7_context_limits,
     _v8_budgets,
     _v9_tool_result_refs,
+    _v10_lean_history_index,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
