@@ -12,6 +12,7 @@ import pytest
 
 from anabranch import Agent, AnthropicModel, RetryPolicy, Runtime, tool
 from anabranch.messages import ModelRequest, ModelResponse
+from anabranch.runtime._history import call_usage
 from anabranch.runtime._results import RunResult
 from anabranch.store import CallRecord, MessageRecord
 from anabranch.testing import FaultKind, FunctionModel, MessagesServer, TestModel
@@ -141,15 +142,15 @@ async def test_fault_mid_run_is_retried_and_nothing_is_lost(
 
 async def test_prompt_caching_shows_in_recorded_usage_on_a_long_run(tmp_path: Path) -> None:
     srv, result, _, calls = await run_once(tmp_path, TestModel(rounds=6), "cached")
-    usages = [json.loads(c.usage or "{}") for c in calls]
-    reads = [u["cache_read_input_tokens"] for u in usages]
-    writes = [u["cache_creation_input_tokens"] for u in usages]
+    usages = [call_usage(c) for c in calls]  # zero counts are not stored: read as 0
+    reads = [u.cache_read_input_tokens for u in usages]
+    writes = [u.cache_creation_input_tokens for u in usages]
     assert len(calls) == 7
     assert reads[0] == 0 and writes[0] > 1024  # the long system prompt and the task are written
     assert all(r > 0 for r in reads[1:])  # every later call reads the previous turn's prefix
     assert reads == sorted(reads)  # the cached prefix grows as the conversation does
     for usage, record in zip(usages, srv.log, strict=True):
         assert record.usage is not None
-        assert usage["cache_read_input_tokens"] == record.usage.cache_read_input_tokens
-        assert usage["input_tokens"] == record.usage.input_tokens
+        assert usage.cache_read_input_tokens == record.usage.cache_read_input_tokens
+        assert usage.input_tokens == record.usage.input_tokens
     assert result.usage.cache_read_input_tokens == sum(reads)

@@ -23,6 +23,7 @@ from anabranch.messages import (
     ToolUseBlock,
 )
 from anabranch.models._anthropic import _response_from_sdk, block_param
+from anabranch.runtime._history import call_usage
 from anabranch.testing import MessagesServer, TestModel, thinking_block
 
 pytestmark = pytest.mark.anyio
@@ -267,7 +268,7 @@ async def test_thinking_runs_read_the_cache_and_survive_a_mid_stream_error(tmp_p
             await model.aclose()
     assert result.status == "done"
     assert [c.status for c in calls] == ["error", "ok", "ok", "ok", "ok"]
-    reads = [json.loads(c.usage or "{}")["cache_read_input_tokens"] for c in calls[2:]]
+    reads = [call_usage(c).cache_read_input_tokens for c in calls[2:]]
     assert all(read > 0 for read in reads)  # thinking blocks keep the prefix stable
     assert breaks == []
 
