@@ -15,13 +15,13 @@ On the other models thinking is never bound to the prefix and nothing is removed
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Protocol
 
 from anabranch._thinking_models import prefix_bound
 from anabranch.context._content import drop_thinking
 from anabranch.messages import Message, RawBlock
+from anabranch.runtime._history import boundary_extra
 from anabranch.store import BoundaryRecord, MessageRecord, SnapshotRecord
 
 __all__ = ["floor_after_compaction", "floor_after_load", "is_server_opening", "request_messages"]
@@ -78,7 +78,7 @@ def floor_after_load(
     if snapshot is not None and run.snapshot_version != snapshot.version:
         return len(context)
     floor = 0
-    recorded = json.loads(boundary.extra or "{}").get("thinking_floor") if boundary else None
+    recorded = boundary_extra(boundary).get("thinking_floor") if boundary else None
     if boundary is not None and isinstance(recorded, int):
         floor = min(recorded, len(context))  # a server compaction kept valid thinking
     elif boundary is not None:
