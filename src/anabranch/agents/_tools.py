@@ -15,12 +15,24 @@ from pydantic import BaseModel, ConfigDict
 
 from anabranch.errors import ToolDefinitionError
 
-__all__ = ["OnInterrupt", "Tool", "ToolContext", "tool"]
+__all__ = ["OnInterrupt", "Pin", "Tool", "ToolContext", "tool"]
 
 OnInterrupt = Literal["retry", "report"]
 NeedsApproval = bool | Callable[[dict[str, Any]], bool]
 """``True``: every call waits for a person; a function: decides per call from its arguments."""
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+PIN_LABEL_CHARS = 80
+"""Longest pin label kept (the note of over-cap pins names each one by it)."""
+
+
+@dataclass(frozen=True)
+class Pin:
+    """Something a tool pinned: re-attached to the agent's context after each compaction."""
+
+    text: str
+    label: str
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,23 @@ class ToolContext:
     logger: logging.LoggerAdapter[logging.Logger] = field(
         default_factory=lambda: logging.LoggerAdapter(logging.getLogger("anabranch.tool"), {})
     )
+    pins: list[Pin] = field(default_factory=list, repr=False, compare=False)
+    """What this call pinned so far (see ``pin``)."""
+
+    def pin(self, text: str, *, label: str | None = None) -> None:
+        """Keep ``text`` in the agent's view: after each compaction of its context it is
+        re-attached (within caps: the 5 latest pins, 5,000 tokens each, 25,000 in all,
+        less in a small window; a pin over them is named with its recall id instead).
+
+        Pins count once the call returns without error; they are committed with its
+        result, so a resumed session restores them. Works from sync and async tools.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("pin needs the text to keep, as a non-empty string")
+        if label is not None and not isinstance(label, str):
+            raise ValueError(f"pin label must be a string, not {label!r}")
+        name = (label or text).strip().splitlines()[0][:PIN_LABEL_CHARS]
+        self.pins.append(Pin(text=text, label=name))
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +85,11 @@ class Tool:
     """After a crash mid-call: run again with the same call id, or report it to the model."""
     needs_approval: NeedsApproval = False
     """Whether a call waits for ``Runtime.approve`` before it runs (see ``NeedsApproval``)."""
+    clearable: bool = True
+    """Whether an old result may be cleared (replaced by a stub naming its recall handle)
+    when the context fills up. ``False`` for small, dense results the agent keeps using."""
+    pin: bool = False
+    """Pin every successful result: re-attached after each compaction (never cleared)."""
 
     @property
     def is_async(self) -> bool:
@@ -118,6 +152,8 @@ def _build_tool(
     timeout: float | None,
     on_interrupt: OnInterrupt,
     needs_approval: NeedsApproval = False,
+    clearable: bool = True,
+    pin: bool = False,
 ) -> Tool:
     tool_name = name or function.__name__
     if not _NAME.match(tool_name):
@@ -179,6 +215,8 @@ def _build_tool(
         timeout=timeout,
         on_interrupt=on_interrupt,
         needs_approval=needs_approval,
+        clearable=clearable,
+        pin=pin,
     )
 
 
@@ -194,6 +232,8 @@ def tool(
     timeout: float | None = None,
     on_interrupt: OnInterrupt = "retry",
     needs_approval: NeedsApproval = False,
+    clearable: bool = True,
+    pin: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -206,12 +246,22 @@ def tool(
     timeout: float | None = None,
     on_interrupt: OnInterrupt = "retry",
     needs_approval: NeedsApproval = False,
+    clearable: bool = True,
+    pin: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a sync or async function into a ``Tool``.
 
     The JSON schema comes from the type hints (``Annotated``/``Field`` descriptions are
     honoured), the description from the docstring. A parameter typed ``ToolContext`` is
     injected at call time and left out of the schema.
+
+    ``clearable`` (default ``True``): whether old results of this tool may be cleared to
+    make room (each becomes a one-line stub with its recall handle; nothing is lost).
+    Declare ``clearable=False`` for small, dense results the agent keeps referring to (a
+    checksum, an id, a verdict): clearing leaves them in the context as they are.
+
+    ``pin=True``: every successful result is pinned (as ``ToolContext.pin`` does), so it
+    is re-attached after each compaction; a pinned tool's results are never cleared.
 
     Raises:
         ToolDefinitionError: the signature cannot be described to a model.
@@ -223,6 +273,10 @@ def tool(
             f"needs_approval must be True/False or a function of the arguments, "
             f"not {needs_approval!r}"
         )
+    if not isinstance(clearable, bool):
+        raise ToolDefinitionError(f"clearable must be True or False, not {clearable!r}")
+    if not isinstance(pin, bool):
+        raise ToolDefinitionError(f"pin must be True or False, not {pin!r}")
 
     def decorate(fn: Callable[..., Any]) -> Tool:
         return _build_tool(
@@ -232,6 +286,8 @@ def tool(
             timeout=timeout,
             on_interrupt=on_interrupt,
             needs_approval=needs_approval,
+            clearable=clearable,
+            pin=pin,
         )
 
     if function is not None:

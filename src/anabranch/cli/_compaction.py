@@ -24,6 +24,8 @@ def _outcome(boundary: BoundaryRecord) -> str:
         return f"breaker open ({extra.get('failures')} failures; policy {extra.get('policy')})"
     if boundary.kind == "rewind":
         return f"rewound to before #{extra.get('rewound')}"
+    if boundary.kind == "pin":
+        return f"pinned: {extra.get('label')} (recall id={extra.get('handle')})"
     if boundary.status != "ok":
         return f"failed: {' '.join((boundary.error or '').split())[:120]}"
     notes = [n for n in ("ineffective", "degraded") if extra.get(n)]
@@ -58,6 +60,10 @@ def _manifest_lines(boundary: BoundaryRecord, full: bool) -> list[str]:
     if inferred:
         lines.append(f"      inferred (found nowhere in the range): {len(inferred)} lines")
         lines.extend(f"        - {line[:160]}" for line in inferred[: None if full else 3])
+    pins = extra.get("pins")
+    if isinstance(pins, dict):
+        attached, over = pins.get("attached") or [], pins.get("over_cap") or []
+        lines.append(f"      pins re-attached: {len(attached)}, over the caps (named): {len(over)}")
     if full and handles:
         lines.append("      handles: " + ", ".join(handles))
     return lines

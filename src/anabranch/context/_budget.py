@@ -7,7 +7,7 @@ again on resume for results that are already stored.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from anabranch.messages import Document, Image, Message, ToolResultBlock
@@ -98,12 +98,18 @@ class ClearedResult:
 
 
 def clear_tool_results(
-    messages: Sequence[Message], *, keep_last: int, run_id: str
+    messages: Sequence[Message],
+    *,
+    keep_last: int,
+    run_id: str,
+    clearable: Callable[[str], bool] | None = None,
 ) -> tuple[list[Message], list[ClearedResult]]:
     """Replace every tool result but the last ``keep_last`` by a stub with its recall handle.
 
-    Results that are already stubs, and results no longer than their stub, stay as they are.
-    Message structure (roles, blocks, tool ids) never changes, so pairing is untouched.
+    Results that are already stubs, results no longer than their stub, and results of a
+    tool that ``clearable(tool_name)`` says may not be cleared stay as they are (the last
+    ``keep_last`` are counted over every result). Message structure (roles, blocks, tool
+    ids) never changes, so pairing is untouched.
     """
     names = {use.id: use.name for m in messages for use in m.tool_uses}
     positions = [
@@ -123,8 +129,11 @@ def clear_tool_results(
                 continue
             if is_cleared(block):
                 continue
+            name = names.get(block.tool_use_id, "tool")
+            if clearable is not None and not clearable(name):
+                continue
             handle = spill_handle(run_id, block.tool_use_id)
-            stub = clear_stub(names.get(block.tool_use_id, "tool"), block, handle)
+            stub = clear_stub(name, block, handle)
             if len(stub) >= len(block.content) and not block.attachments:
                 continue
             blocks[j] = block.model_copy(update={"content": stub, "attachments": ()})

@@ -18,7 +18,7 @@ plain user turn; nothing else is ever cut. ``context_violations`` checks the res
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from anabranch.context._budget import ClearedResult, clear_tool_results, spill_handle
@@ -340,9 +340,17 @@ def verbatim_context(split: Split, run_id: str) -> Rebuilt:
     return Rebuilt(tuple(out), tuple(sources), kept=split.kept, spills=tuple(spills))
 
 
-def cleared_context(messages: Sequence[Message], *, keep_last: int, run_id: str) -> Rebuilt:
+def cleared_context(
+    messages: Sequence[Message],
+    *,
+    keep_last: int,
+    run_id: str,
+    clearable: Callable[[str], bool] | None = None,
+) -> Rebuilt:
     """Old tool results replaced by stubs (see ``budget.clear_tool_results``)."""
-    new, cleared = clear_tool_results(messages, keep_last=keep_last, run_id=run_id)
+    new, cleared = clear_tool_results(
+        messages, keep_last=keep_last, run_id=run_id, clearable=clearable
+    )
     pairs = enumerate(zip(new, messages, strict=True))
     sources = tuple(i if n is o else None for i, (n, o) in pairs)
     return Rebuilt(tuple(new), sources, kept=len(messages), spills=tuple(cleared))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from anabranch.agents import Agent
+from anabranch.agents._tools import Pin
 from anabranch.messages import Document, Image, ToolDefinition, ToolUseBlock, valid_text
 from anabranch.runtime._view import RunView
 
@@ -20,6 +21,8 @@ class ToolOutcome:
     is_error: bool = False
     attachments: tuple[Image | Document, ...] = ()
     """Images and documents the tool returned, after its text."""
+    pins: tuple[Pin, ...] = ()
+    """What the call pinned (``ToolContext.pin``), committed with its result."""
 
     def __post_init__(self) -> None:
         # whatever a tool hands back (a file name from os.listdir, say) is stored and sent
@@ -27,7 +30,11 @@ class ToolOutcome:
 
 
 class BuiltinTool(Protocol):
-    """A tool implemented by the runtime itself, with access to the calling run."""
+    """A tool implemented by the runtime itself, with access to the calling run.
+
+    A built-in may set a class attribute ``clearable = False`` (as ``@tool(clearable=...)``)
+    so that clearing never stubs its results; without one, its results are clearable.
+    """
 
     name: str
 

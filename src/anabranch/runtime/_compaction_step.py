@@ -45,7 +45,7 @@ from anabranch.runtime._thinking_view import floor_after_compaction
 from anabranch.store import BoundaryRecord
 from anabranch.traces import Tracing
 
-__all__ = ["CompactionStep", "boundary_commit"]
+__all__ = ["CompactionStep", "boundary_commit", "manifest_of"]
 
 
 class CompactionStep:
@@ -133,6 +133,9 @@ class CompactionStep:
 
     def estimate_tokens(self, context: Sequence[Message]) -> int:
         return self.view.estimate_tokens(context)
+
+    def clearable(self, tool_name: str) -> bool:
+        return self.view.clearable(tool_name)
 
     async def call_summarizer(
         self, request: ModelRequest, *, purpose: str = "compaction"
@@ -255,3 +258,9 @@ def boundary_commit(
         manifest=manifest,
     )
     return commit, expand_ranges(len(layout.prefix), layout.ranges, layout.next_seq)
+
+
+def manifest_of(details: dict[str, Any]) -> dict[str, Any]:
+    """The manifest dict a rebuild left in ``details`` (empty when none)."""
+    found = details.get("manifest")
+    return found if isinstance(found, dict) else {}

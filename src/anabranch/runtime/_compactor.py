@@ -74,7 +74,7 @@ from anabranch.runtime._breaker import (
     warn_too_small,
 )
 from anabranch.runtime._builtins import ToolOutcome
-from anabranch.runtime._compaction_step import CompactionStep, boundary_commit
+from anabranch.runtime._compaction_step import CompactionStep, boundary_commit, manifest_of
 from anabranch.runtime._context_view import (
     CompactionOutcome,
     ContextChange,
@@ -86,6 +86,7 @@ from anabranch.runtime._head import context_text, handles_in, originals, previou
 from anabranch.runtime._limits import ChannelLimits
 from anabranch.runtime._memory_compaction import CompactionMemory
 from anabranch.runtime._model_switch import ModelSwitch, model_switch
+from anabranch.runtime._pins import with_pins
 from anabranch.runtime._run_prompt import with_breakpoints
 from anabranch.runtime._server_compaction import server_rebuild
 from anabranch.runtime._summarizer import SummarizerFailed, summarize, summary_max_tokens
@@ -227,7 +228,9 @@ class CompactingPipeline:
     async def _clear(self, step: CompactionStep) -> None:
         policy = step.agent.context
         keep = policy.clear_tool_results_after or 0
-        rebuilt = cleared_context(step.context, keep_last=keep, run_id=step.id)
+        rebuilt = cleared_context(
+            step.context, keep_last=keep, run_id=step.id, clearable=step.clearable
+        )
         freed = estimate_messages(step.context) - estimate_messages(rebuilt.messages)
         if not rebuilt.spills or freed < policy.window * MIN_CLEAR_FRACTION:
             return
@@ -471,6 +474,9 @@ class CompactingPipeline:
             found = manifest(split.head, head_seqs, context_text(rebuilt.messages), handles=handles)
         details["manifest"] = found.as_dict()
         rebuilt = await memory.reselect(head, rebuilt, self._note_chars(step), details)
+        room = max(0, self.threshold(step) - self._fixed_tokens(step))
+        carry = split.carry if strategy != "verbatim" else None
+        rebuilt = await with_pins(step, rebuilt, room, carry, details)
         problems = context_violations(rebuilt.messages)
         problems += content_violations(
             step.context, rebuilt.messages, thinking=step.agent.model_settings.thinking
@@ -497,7 +503,7 @@ class CompactingPipeline:
         """No turn left to cut: a reactive retry can still stub the kept tool results."""
         if not level:
             raise _CompactionError("nothing to compact: no turn boundary to cut at")
-        rebuilt = cleared_context(run.context, keep_last=0, run_id=run.id)
+        rebuilt = cleared_context(run.context, keep_last=0, run_id=run.id, clearable=run.clearable)
         if not rebuilt.spills:
             raise _CompactionError("nothing to compact: no turn boundary to cut at")
         return rebuilt
@@ -592,9 +598,3 @@ class CompactingPipeline:
                 run, exc, model=request.model, estimate=estimate_request(request)
             )
             raise
-
-
-def manifest_of(details: dict[str, Any]) -> dict[str, Any]:
-    """The manifest dict a rebuild left in ``details`` (empty when none)."""
-    found = details.get("manifest")
-    return found if isinstance(found, dict) else {}

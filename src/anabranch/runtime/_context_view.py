@@ -121,6 +121,10 @@ class ContextView(Protocol):
         """Estimated tokens of the request the run would send with ``context``."""
         ...
 
+    def clearable(self, tool_name: str) -> bool:
+        """Whether old results of ``tool_name`` may be cleared (``@tool(clearable=...)``)."""
+        ...
+
     async def call_summarizer(
         self, request: ModelRequest, *, purpose: str = "compaction"
     ) -> ModelResponse:

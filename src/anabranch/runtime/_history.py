@@ -17,10 +17,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic
 
+from anabranch.agents._tools import Pin
+from anabranch.context._budget import spill_handle
 from anabranch.errors import StoreError
 from anabranch.messages import (
     Attachment,
@@ -55,6 +58,10 @@ __all__ = [
     "attachments_json",
     "boundary_extra",
     "boundary_prefix",
+    "pin_handle",
+    "pin_record",
+    "pinned_items",
+    "PinnedItem",
     "boundary_ranges",
     "call_usage",
     "outline_from",
@@ -316,6 +323,71 @@ def boundary_ranges(boundary: BoundaryRecord | None) -> Ranges:
     if boundary is None:
         return [[0, None]]
     return [list(r) for r in json.loads(boundary.ranges)]
+
+
+@dataclass(frozen=True)
+class PinnedItem:
+    """A pin as committed: which call made it, its label and its recall handle."""
+
+    call_id: str
+    handle: str
+    label: str
+    index: int
+    """The pin's position among its call's pins."""
+    source: str
+    """``result`` (a ``pin=True`` tool's result) or ``pin`` (``ToolContext.pin``)."""
+    created: float
+
+
+def pin_handle(run_id: str, call_id: str, index: int) -> str:
+    """The recall handle of a call's ``index``-th pin (stable across a re-run)."""
+    return spill_handle(run_id, f"{call_id}#pin{index}")
+
+
+def pin_record(
+    run_id: str, call_id: str, handle: str, pin: Pin, index: int, *, source: str
+) -> BoundaryRecord:
+    """The row that records one pin (kind ``pin``: no context layout, never ``ok``)."""
+    return BoundaryRecord(
+        run_id=run_id,
+        kind="pin",
+        prefix="[]",
+        ranges="[]",
+        created=time.time(),
+        status="pinned",
+        extra=json.dumps(
+            {
+                "call_id": call_id,
+                "handle": handle,
+                "label": pin.label,
+                "index": index,
+                "source": source,
+            }
+        ),
+    )
+
+
+def pinned_items(boundaries: Sequence[BoundaryRecord]) -> list[PinnedItem]:
+    """The run's pins in the order they were made (a call run again after a crash pins
+    again under the same handles: each handle once, at its latest)."""
+    found: dict[str, PinnedItem] = {}
+    for boundary in boundaries:
+        if boundary.kind != "pin":
+            continue
+        extra = boundary_extra(boundary)
+        handle, call_id = extra.get("handle"), extra.get("call_id")
+        if not isinstance(handle, str) or not isinstance(call_id, str):
+            continue
+        found.pop(handle, None)
+        found[handle] = PinnedItem(
+            call_id=call_id,
+            handle=handle,
+            label=str(extra.get("label") or handle),
+            index=int(extra.get("index") or 0),
+            source=str(extra.get("source") or "pin"),
+            created=boundary.created,
+        )
+    return list(found.values())
 
 
 def boundary_prefix(boundary: BoundaryRecord) -> tuple[Message, ...]:

@@ -105,6 +105,8 @@ class RecallTool:
     """``recall``: fetch an original by handle, or search the run's own history."""
 
     name = RECALL
+    clearable = True
+    """What recall returned can be recalled again: cleared first when room is needed."""
 
     def applies_to(self, agent: Agent) -> bool:
         return True

@@ -114,6 +114,16 @@ class RunContext:
         """What ``context_tokens`` will be once ``context`` is swapped in (no usage yet)."""
         return estimate_request(self.build_request(context=context))
 
+    def clearable(self, tool_name: str) -> bool:
+        """Whether old results of ``tool_name`` may be cleared: the tool's own
+        ``clearable`` (a built-in's ``clearable`` attribute; default ``True``); a pinned
+        tool's results are never cleared."""
+        tool = self.agent.tool(tool_name)
+        if tool is not None:
+            return tool.clearable and not tool.pin
+        builtin = next((b for b in self.env.builtins if b.name == tool_name), None)
+        return bool(getattr(builtin, "clearable", True))
+
     @property
     def channel(self) -> str | None:
         """The channel the run's model calls go through (a base URL, a cloud), if known."""

@@ -134,6 +134,8 @@ class SpawnTool:
     """``spawn_agent``: offered to every agent that has ``subagents``."""
 
     name = SPAWN_TOOL_NAME
+    clearable = False
+    """A child's report is the dense result of its whole run: never cleared to make room."""
 
     def applies_to(self, agent: Agent) -> bool:
         return bool(agent.subagents)

@@ -14,12 +14,18 @@ from collections.abc import Sequence
 import anyio
 
 from anabranch.agents import Agent
+from anabranch.agents._tools import Pin
 from anabranch.messages import ToolDefinition, ToolResultBlock, ToolUseBlock
 from anabranch.runtime._approval import GatedRun, gate_calls, needs_approval
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
 from anabranch.runtime._context_view import ContextView
 from anabranch.runtime._environment import Environment
-from anabranch.runtime._history import attachments_from_json, attachments_json
+from anabranch.runtime._history import (
+    attachments_from_json,
+    attachments_json,
+    pin_handle,
+    pin_record,
+)
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import session_limits
 from anabranch.runtime._tool_exec import run_user_tool
@@ -89,6 +95,7 @@ class ToolCalls:
                 outcome = await self._run_tool(
                     use, interrupted=use.id in started, marked=use.id in marked
                 )
+                await self._commit_pins(use, outcome)  # before the result: a crash re-runs
                 await self.env.store.record_tool_event(self._finished_event(use, outcome))
                 outcomes[use.id] = outcome
                 self.events.tool_finished(use, outcome)
@@ -161,6 +168,19 @@ class ToolCalls:
             is_error=outcome.is_error,
             attachments=attachments_json(outcome.attachments),
         )
+
+    async def _commit_pins(self, use: ToolUseBlock, outcome: ToolOutcome) -> None:
+        """Commit what the call pinned (and, for a ``pin=True`` tool, its result): each
+        text as a spill (its recall handle), then a ``pin`` row naming it."""
+        tool = self.agent.tool(use.name)
+        pins = [(pin, "pin") for pin in outcome.pins]
+        if tool is not None and tool.pin and not outcome.is_error and outcome.content.strip():
+            pins.append((Pin(text=outcome.content, label=f"{use.name} result"), "result"))
+        for index, (pin, source) in enumerate(pins):
+            handle = pin_handle(self.id, use.id, index)
+            await self.env.store.save_spill(handle, self.id, use.id, pin.text)
+            record = pin_record(self.id, use.id, handle, pin, index, source=source)
+            await self.env.store.add_boundary(record)
 
     def _builtin(self, name: str) -> BuiltinTool | None:
         return next(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import logging
 import threading
@@ -79,8 +80,9 @@ async def run_user_tool(
         kwargs = tool.validate_arguments(call.input)
     except pydantic.ValidationError as exc:
         return ToolOutcome(_validation_message(tool, exc), is_error=True)
+    context = None
     if tool.context_param:
-        kwargs[tool.context_param] = ToolContext(
+        kwargs[tool.context_param] = context = ToolContext(
             call_id=call.id,
             session_id=session_id,
             run_id=run_id,
@@ -107,9 +109,12 @@ async def run_user_tool(
     except BaseException as exc:  # KeyboardInterrupt, SystemExit, GeneratorExit, custom ones
         return _failure(tool, exc, "raised by the tool")
     try:
-        return render_outcome(value)
+        outcome = render_outcome(value)
     except Exception as exc:
         return ToolOutcome(f"Tool {tool.name!r} returned an unserializable value: {exc}", True)
+    if context is not None and context.pins:  # pins count once the call succeeded
+        outcome = dataclasses.replace(outcome, pins=tuple(context.pins))
+    return outcome
 
 
 def _failure(tool: Tool, exc: BaseException, note: str = "") -> ToolOutcome:
