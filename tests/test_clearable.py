@@ -57,9 +57,7 @@ def _model() -> FunctionModel:
     """Reads page n, then takes its checksum, for n = 1..PAGES; then answers."""
 
     def answer(request: ModelRequest) -> Any:
-        done = sum(
-            1 for m in request.messages for b in m.content if isinstance(b, ToolResultBlock)
-        )
+        done = sum(1 for m in request.messages for b in m.content if isinstance(b, ToolResultBlock))
         if done >= 2 * PAGES:
             return "All pages read and checked."
         n, step = divmod(done, 2)
