@@ -157,13 +157,13 @@ def test_processes_on_one_postgres_share_the_limit(
     """Three processes grant 6 calls each as fast as they can, under 4 requests (or 200
     tokens at 50 a call) per second: no window of a second ever holds more than 4 grants,
     the limit was what held them back, and every call was granted once."""
-    rate = {**rate, "period": 1.0, "name": "shared"}
+    spec: dict[str, object] = {**rate, "period": 1.0, "name": "shared"}
     script = tmp_path / "granter.py"
     script.write_text(textwrap.dedent(GRANTER))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), postgres_dsn, json.dumps(rate), "6", "50", "50"],
+            [sys.executable, str(script), postgres_dsn, json.dumps(spec), "6", "50", "50"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
