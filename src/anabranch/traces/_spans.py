@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -63,9 +64,20 @@ class SpanRef:
 
 def _safe_set(span: Span, attributes: Mapping[str, Any]) -> None:
     try:
-        span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+        if span.is_recording():  # nothing to build for a span that records nothing
+            span.set_attributes({k: v for k, v in attributes.items() if v is not None})
     except Exception:  # pragma: no cover - telemetry must never break a run
         _log.debug("could not set span attributes", exc_info=True)
+
+
+def _record_failure(span: Span, exc: Exception) -> None:
+    """An exception leaving a span: an ``exception`` event and an error status."""
+    try:
+        if span.is_recording():
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    except Exception:  # pragma: no cover
+        _log.debug("could not record a span's exception", exc_info=True)
 
 
 def _links(refs: Sequence[SpanRef]) -> list[Link]:
@@ -114,16 +126,14 @@ class Tracing:
         attributes: Mapping[str, Any],
         links: Sequence[Link] = (),
     ) -> Iterator[Span]:
-        """A current span; if the SDK or a span processor fails, the run goes on without it."""
+        """A current span; if the SDK or a span processor fails, the run goes on without it.
+
+        What ``start_as_current_span`` does, without its two generator layers: start,
+        make current, record an ``Exception`` (not a cancellation) and its status, end.
+        """
         try:
-            manager = self._tracer.start_as_current_span(
-                name,
-                kind=kind,
-                links=list(links) or None,
-                record_exception=True,
-                set_status_on_exception=True,
-            )
-            span = manager.__enter__()
+            span = self._tracer.start_span(name, kind=kind, links=list(links) or None)
+            token = otel_context.attach(trace.set_span_in_context(span))
         except Exception:
             _log.debug("could not start span %s", name, exc_info=True)
             yield trace.INVALID_SPAN
@@ -131,19 +141,13 @@ class Tracing:
         try:
             _safe_set(span, attributes)
             yield span
-        except BaseException as exc:
+        except Exception as exc:
+            _record_failure(span, exc)
+            raise
+        finally:
             try:
-                suppressed = manager.__exit__(type(exc), exc, exc.__traceback__)
-            except BaseException as raised:
-                if raised is exc:
-                    raise
-                _log.debug("could not end span %s", name, exc_info=True)
-                suppressed = False
-            if not suppressed:
-                raise
-        else:
-            try:
-                manager.__exit__(None, None, None)
+                otel_context.detach(token)
+                span.end()
             except Exception:
                 _log.debug("could not end span %s", name, exc_info=True)
 
