@@ -120,6 +120,24 @@ def supervisor_agent() -> Agent:
     )
 
 
+class GCTime:
+    """CPU seconds the cyclic garbage collector spends (a ``gc.callbacks`` entry; a
+    collection runs on the thread that triggered it): part of the process CPU measured,
+    paid for every object anything allocates."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.seconds += time.thread_time() - self._started
+            self.collections[info["generation"]] += 1
+
+
 def _is_lock_error(error: BaseException) -> bool:
     return "locked" in str(error).lower() or "busy" in str(error).lower()
 
@@ -159,10 +177,15 @@ async def trial(
                 errors.append(error)
 
         gc.collect()
+        collector = GCTime()
+        gc.callbacks.append(collector)
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        async with anyio.create_task_group() as group:
-            for index in range(sessions):
-                group.start_soon(one, index)
+        try:
+            async with anyio.create_task_group() as group:
+                for index in range(sessions):
+                    group.start_soon(one, index)
+        finally:
+            gc.callbacks.remove(collector)
         wall = time.perf_counter() - wall0
         cpu = time.process_time() - cpu0
         check = await _check(rt, sessions, sessions * per_session)
@@ -178,6 +201,8 @@ async def trial(
         "cpu_s": cpu,
         "model_calls": model.calls,
         "cpu_ms_per_model_call": cpu / max(model.calls, 1) * 1e3,
+        "gc_ms_per_model_call": collector.seconds / max(model.calls, 1) * 1e3,
+        "gc_collections": collector.collections,
         "errors": len(errors),
         "lock_errors": sum(1 for e in errors if _is_lock_error(e)),
         "error_samples": sorted({f"{type(e).__name__}: {e}"[:200] for e in errors})[:5],
@@ -244,7 +269,8 @@ async def benchmark(
                 f"  concurrency runs={result['runs']} ({mix}) rep={rep + 1}: "
                 f"wall {result['wall_s']:.2f} s "
                 f"({result['wall_over_ideal']:.2f}x ideal), "
-                f"{result['cpu_ms_per_model_call']:.2f} ms CPU/call, "
+                f"{result['cpu_ms_per_model_call']:.2f} ms CPU/call "
+                f"(of which GC {result['gc_ms_per_model_call']:.2f}), "
                 f"errors {result['errors']} (lock {result['lock_errors']}), "
                 f"complete {result['transcripts_complete']}/{result['runs']}"
             )
@@ -252,6 +278,7 @@ async def benchmark(
             "wall_s": stats([t["wall_s"] for t in trials]),
             "wall_over_ideal": stats([t["wall_over_ideal"] for t in trials]),
             "cpu_ms_per_model_call": stats([t["cpu_ms_per_model_call"] for t in trials]),
+            "gc_ms_per_model_call": stats([t["gc_ms_per_model_call"] for t in trials]),
             "lock_errors": sum(t["lock_errors"] for t in trials),
             "errors": sum(t["errors"] for t in trials),
             "error_samples": trials[-1]["error_samples"],

@@ -35,6 +35,7 @@ async def test_concurrency_trial_checks_every_transcript(tmp_path: Path, mix: st
     assert result["runs"] == 9 and result["sessions"] == (9 if mix == "root" else 3)
     assert result["all_complete"] and result["transcripts_complete"] == 9
     assert result["model_calls"] == 9 * concurrency.CALLS_PER_RUN
+    assert 0 <= result["gc_ms_per_model_call"] <= result["cpu_ms_per_model_call"]
 
 
 async def test_resume_reads_only_after_the_last_boundary(tmp_path: Path) -> None:

@@ -21,6 +21,13 @@ V = TypeVar("V")
 _Key = tuple[int, ...]
 
 
+def _same(refs: tuple[weakref.ref[object], ...], objects: list[object]) -> bool:
+    for ref, item in zip(refs, objects, strict=True):
+        if ref() is not item:
+            return False
+    return True
+
+
 class IdentityMemo(Generic[V]):
     """``compute()`` once per combination of live objects (at most ``limit`` entries).
 
@@ -39,9 +46,7 @@ class IdentityMemo(Generic[V]):
             key += tuple(map(id, group))
         entry = self._entries.get(key)
         objects = [item for group in groups for item in group]
-        if entry is not None and all(
-            ref() is item for ref, item in zip(entry[0], objects, strict=True)
-        ):
+        if entry is not None and _same(entry[0], objects):
             return entry[1]
         value = compute()
         entries = self._entries
