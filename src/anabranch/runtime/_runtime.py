@@ -458,9 +458,12 @@ class Runtime:
             await refuse_continue(env.extras["limits"], session_id)
 
         async def load() -> AgentRun:
-            if root is None:  # crashed before the first message was committed
+            # read again under the lease: another process may have driven the session
+            # between the read above and taking the lease (then it is loaded as it ended)
+            current = await root_run(self.store, session_id)
+            if current is None:  # crashed before the first message was committed
                 return await AgentRun.start(env, root_agent, session.task)
-            run = await AgentRun.load(env, root_agent, root)
+            run = await AgentRun.load(env, root_agent, current)
             if stopped is not None:  # a limit stopped it: continue under the new budget
                 await run.continue_with(continue_notice(stopped, budget))
             return run

@@ -1,0 +1,88 @@
+"""A resume decides what to drive from what it read *before* it took the session's lease.
+Another process can finish the session in between (a DBOS-recovered copy of a session a
+live worker was finishing, under load): the resume must then load the session as it
+ended, never drive the stale copy it read, call the model or start a second root run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from anabranch import Agent, Runtime
+from anabranch.errors import ModelConnectionError
+from anabranch.messages import ModelRequest
+from anabranch.models._retry import RetryPolicy
+from anabranch.runtime import RunResult
+from anabranch.store import SQLiteStore
+from anabranch.testing import FunctionModel
+
+pytestmark = pytest.mark.anyio
+
+ONCE = RetryPolicy(max_attempts=1, base_delay=0.0, max_delay=0.0)
+
+
+class GatedStore(SQLiteStore):
+    """A real SQLite store whose next lease acquisition first sets ``waiting`` and waits
+    for ``go``: the gap between a resume's reads and its lease, held open."""
+
+    gate: tuple[anyio.Event, anyio.Event] | None = None
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            waiting, go = gate
+            waiting.set()
+            await go.wait()
+        await super().acquire_lease(session_id, owner, ttl)
+
+
+def _network_down(request: ModelRequest) -> str:
+    raise ModelConnectionError("network down")
+
+
+def _refuse(request: ModelRequest) -> str:
+    raise AssertionError("the session was finished: the model must not be called")
+
+
+def _answer(request: ModelRequest) -> str:
+    return "the answer"
+
+
+async def test_a_session_finished_while_a_resume_waited_for_its_lease_is_not_driven_again(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "race.db"
+    agent = Agent(name="worker", instructions="Answer.")
+    async with Runtime(db=db, model=FunctionModel(_network_down), retry=ONCE) as rt:
+        first = await rt.run(agent, "go")
+    assert first.status == "failed"  # unfinished and resumable: its root run is open
+
+    waiting, go = anyio.Event(), anyio.Event()
+    late: list[RunResult] = []
+    opened = await GatedStore.open(db)
+    assert isinstance(opened, GatedStore)
+    opened.gate = (waiting, go)
+    async with opened as gated:
+        async with (
+            Runtime(store=gated, model=FunctionModel(_refuse), agents=[agent]) as stale,
+            Runtime(db=db, model=FunctionModel(_answer), agents=[agent]) as live,
+        ):
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as group:
+
+                    async def resume_late() -> None:
+                        late.append(await stale.resume(first.session_id))
+
+                    group.start_soon(resume_late)
+                    await waiting.wait()  # it has read the session, not yet leased it
+                    finished = await live.resume(first.session_id)
+                    go.set()
+            runs = await live.store.list_runs(first.session_id)
+            session = await live.store.get_session(first.session_id)
+    assert finished.status == "done" and finished.output == "the answer"
+    (result,) = late
+    assert result.status == "done" and result.output == "the answer", result.error
+    assert [r.status for r in runs if r.parent_run_id is None] == ["done"]
+    assert session is not None and session.status == "done"
