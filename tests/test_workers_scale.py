@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -78,6 +79,21 @@ def _started_unfinished(dsn: str, sessions: list[str]) -> frozenset[str]:
     return frozenset(str(r[0]) for r in found)
 
 
+async def _midway_worker(dsn: str, procs: list[subprocess.Popen[str]]) -> int:
+    """The index of a worker that holds a live lease on a session part-way through."""
+    found: list[int] = []
+
+    async def any_midway() -> bool:
+        for index, proc in enumerate(procs):
+            if await midway(dsn, proc.pid):
+                found.append(index)
+                return True
+        return False
+
+    await poll(any_midway, deadline=60)
+    return found[0]
+
+
 def _check_taken_over(
     dsn: str,
     effects: Path,
@@ -109,14 +125,13 @@ async def test_graph_sessions_are_queued_and_survive_a_killed_worker(
     FILE:GRAPH``); a worker killed with kill -9 mid-graph has its graph finished by the
     other one, with every task's report, no pairing error and no finished tool run again."""
     defs, effects = _defs(tmp_path), tmp_path / "effects"
-    async with MessagesServer(policy=TestModel(rounds=2), latency_ms=40) as server:
+    async with MessagesServer(policy=TestModel(rounds=4), latency_ms=40) as server:
         env = _env(server, postgres_dsn, effects)
         graph = load_object(f"{defs}:survey")
         with workers(2, [defs], postgres_dsn, env) as procs:
-            victim = procs[0]
             async with Runtime(db=postgres_dsn) as rt:
                 ids = [await rt.submit(graph, source=f"{defs}:survey") for _ in range(3)]
-                await poll(lambda: midway(postgres_dsn, victim.pid), deadline=60)
+                victim = procs[await _midway_worker(postgres_dsn, procs)]
                 victim.kill()
                 victim.wait(timeout=10)
                 taken = held_by(postgres_dsn, victim.pid)
@@ -165,17 +180,20 @@ async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
     already inside when stopped runs on when it continues: no store can recall that.)"""
     defs, effects = _defs(tmp_path), tmp_path / "effects"
     ttl = 2.0
-    async with MessagesServer(policy=TestModel(rounds=3), latency_ms=40) as server:
+    # six rounds: a session outlasts the poll that finds it mid-way by a wide margin
+    async with MessagesServer(policy=TestModel(rounds=6), latency_ms=40) as server:
         env = _env(server, postgres_dsn, effects)
         agent = load_object(f"{defs}:researcher")
         with workers(3, [defs], postgres_dsn, env, "--dead-after", "600") as procs:
-            victim = procs[0]
             async with Runtime(db=postgres_dsn) as rt:
                 ids = [
                     await rt.submit(agent, f"survey topic {i}", source=f"{defs}:researcher")
                     for i in range(6)
                 ]
-                await poll(lambda: midway(postgres_dsn, victim.pid), deadline=60)
+                # the victim is a worker found mid-way: which workers DBOS hands the
+                # sessions to is its business (on a quiet machine one may get none)
+                index = await _midway_worker(postgres_dsn, procs)
+                victim, executor = procs[index], f"w{index + 1}"
                 victim.send_signal(signal.SIGSTOP)
                 try:
                     await poll(lambda: _stopped(victim.pid), deadline=10)
@@ -205,7 +223,9 @@ async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
                 async def victim_ran_a_while() -> bool:
                     # its event loop is back: three heartbeats after SIGCONT
                     beat = rows(
-                        postgres_dsn, "SELECT heartbeat FROM workers WHERE executor_id = 'w1'"
+                        postgres_dsn,
+                        "SELECT heartbeat FROM workers WHERE executor_id = ?",
+                        (executor,),
                     )
                     return bool(beat[0][0] > since + 1.0)
 
