@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -28,6 +30,13 @@ _ids = itertools.count(1)
 class _HasAttributes(Protocol):
     @property
     def attributes(self) -> Mapping[str, Any] | None: ...
+
+
+def installed_tool(name: str) -> str:
+    """The path of a command installed in this interpreter's environment (the dev extras)."""
+    found = shutil.which(name, path=str(Path(sys.executable).parent))
+    assert found is not None, f"{name} is not installed (pip install -e '.[dev]')"
+    return found
 
 
 def attributes(item: _HasAttributes) -> dict[str, Any]:

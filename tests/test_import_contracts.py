@@ -3,19 +3,18 @@ and by a module-level cycle search over the same import graph."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import grimp
+
+from .helpers import installed_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_import_contracts_hold() -> None:
-    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
-    assert lint is not None, "import-linter is not installed (pip install -e '.[dev]')"
+    lint = installed_tool("lint-imports")
     done = subprocess.run(
         [lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )

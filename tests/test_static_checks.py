@@ -4,25 +4,19 @@ failing test."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from .helpers import installed_tool
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _tool(name: str) -> str:
-    found = shutil.which(name, path=str(Path(sys.executable).parent))
-    assert found is not None, f"{name} is not installed (pip install -e '.[dev]')"
-    return found
 
 
 def test_ruff_finds_nothing() -> None:
     done = subprocess.run(
-        [_tool("ruff"), "check", "--no-cache", "src", "tests", "bench", "examples"],
+        [installed_tool("ruff"), "check", "--no-cache", "src", "tests", "bench", "examples"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -36,7 +30,7 @@ def test_ruff_finds_nothing() -> None:
 def test_mypy_strict_finds_nothing(tmp_path: Path) -> None:
     """Strict on src/ and tests/ (``[tool.mypy]`` in pyproject.toml), from a cold cache."""
     done = subprocess.run(
-        [_tool("mypy"), "--cache-dir", str(tmp_path / "mypy-cache")],
+        [installed_tool("mypy"), "--cache-dir", str(tmp_path / "mypy-cache")],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -46,9 +46,9 @@ _PART_TAG = "<conversation_part "
 _NAMED_ROUND = re.compile(r"toolu_[0-9a-f]{20}r(\d+)\b")
 _SO_FAR = re.compile(r"<summary_so_far>\n(.*?)\n</summary_so_far>", re.DOTALL)
 _PLAIN_USER = re.compile(r"^\(user[^)]*\)\n(.+)$", re.MULTILINE)
-_CALL_ROUND = re.compile(r"\[tool call \S+ id=toolu_[0-9a-f]{20}r(\d+)\]")
-_ELIDED_ROUND = re.compile(r"\[tool (?:call|result of) \S+ id=toolu_[0-9a-f]{20}r(\d+)[:\]]")
-"""A tool call or result the ``verbatim`` strategy turned into a one-line note."""
+_NOTED_ROUND = re.compile(r"\[tool (?:call|result of) \S+ id=toolu_[0-9a-f]{20}r(\d+)[:\]]")
+"""A tool call or result written as a one-line note: in a part of a long range rendered
+for the summarizer, and in the turns the ``verbatim`` strategy keeps word for word."""
 
 
 def is_summary_request(request: ModelRequest) -> bool:
@@ -248,7 +248,7 @@ class TestModel:
                 if match:
                     return int(match.group(1)) + 1 + rounds
                 rounds += 1
-            elif elided := _ELIDED_ROUND.findall(message.text):
+            elif elided := _NOTED_ROUND.findall(message.text):
                 # a turn the verbatim strategy kept word for word, its tool blocks as notes
                 return rounds + max(int(r) for r in elided) + 1
             elif message.role == "user" and not message.tool_results:
@@ -352,7 +352,7 @@ class TestModel:
         else:
             asked_match = _ASKED.search(so_far) or _ASKED.search(part)
             asked = asked_match.group(1) if asked_match else "(nothing)"
-        rounds = max([rounds, *(int(r) + 1 for r in _CALL_ROUND.findall(part))])
+        rounds = max([rounds, *(int(r) + 1 for r in _NOTED_ROUND.findall(part))])
         body = [
             f"User asked: {asked[: self.report_chars]}",
             f"Tool rounds done: {rounds}",
