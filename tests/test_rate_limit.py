@@ -15,9 +15,11 @@ import anyio
 import pytest
 
 from anabranch.errors import RateLimitedError
-from anabranch.messages import ModelRequest, ModelResponse, TextBlock, Usage
-from anabranch.models import CallRate, LocalCallLimiter, RateLimitedModel
+from anabranch.messages import Message, ModelRequest, ModelResponse, TextBlock, Usage
+from anabranch.models import CallRate, Charge, LocalCallLimiter, RateLimitedModel
 from anabranch.models._rate import admission_wait
+
+ONE = Charge(1, 0)
 
 
 def busiest(times: list[float], period: float) -> int:
@@ -32,30 +34,66 @@ def heaviest(grants: list[tuple[float, int]], period: float) -> int:
 
 def test_the_window_admits_up_to_the_limit_then_waits_for_the_oldest() -> None:
     rate = CallRate(requests=2, period=10)
-    assert admission_wait(100.0, [], rate, 0.0, 1) == 0
-    assert admission_wait(100.0, [(95.0, 1)], rate, 0.0, 1) == 0
-    wait = admission_wait(100.0, [(95.0, 1), (97.0, 1)], rate, 0.0, 1)
+    assert admission_wait(100.0, [], rate, 0.0, ONE) == 0
+    assert admission_wait(100.0, [(95.0, ONE)], rate, 0.0, ONE) == 0
+    wait = admission_wait(100.0, [(95.0, ONE), (97.0, ONE)], rate, 0.0, ONE)
     assert wait == pytest.approx(5.0, abs=0.01)  # until the grant at 95 leaves the window
-    assert admission_wait(100.0, [(89.0, 1), (97.0, 1)], rate, 0.0, 1) == 0  # 89 has left
+    assert admission_wait(100.0, [(89.0, ONE), (97.0, ONE)], rate, 0.0, ONE) == 0  # 89 left
 
 
 def test_the_window_counts_tokens_and_a_pause() -> None:
     rate = CallRate(tokens=100, period=10)
-    window = [(91.0, 60), (95.0, 30)]
-    assert admission_wait(100.0, window, rate, 0.0, 10) == 0
+    window = [(91.0, Charge(50, 10)), (95.0, Charge(20, 10))]
+    assert admission_wait(100.0, window, rate, 0.0, Charge(5, 5)) == 0
     # 20 more need the 60 at 91 to leave: at 101
-    assert admission_wait(100.0, window, rate, 0.0, 20) == pytest.approx(1.0, abs=0.01)
+    assert admission_wait(100.0, window, rate, 0.0, Charge(10, 10)) == pytest.approx(1.0, abs=0.01)
     # a call bigger than the whole limit waits for an empty window, then runs
-    assert admission_wait(100.0, window, rate, 0.0, 500) == pytest.approx(5.0, abs=0.01)
-    assert admission_wait(100.0, [], rate, 0.0, 500) == 0
-    assert admission_wait(100.0, [], rate, 103.0, 1) == pytest.approx(3.0, abs=0.01)
+    assert admission_wait(100.0, window, rate, 0.0, Charge(500)) == pytest.approx(5.0, abs=0.01)
+    assert admission_wait(100.0, [], rate, 0.0, Charge(500)) == 0
+    assert admission_wait(100.0, [], rate, 103.0, ONE) == pytest.approx(3.0, abs=0.01)
 
 
-def test_a_rate_needs_a_limit() -> None:
-    with pytest.raises(ValueError, match="requests or tokens"):
+def test_input_and_output_are_limited_apart() -> None:
+    """ITPM counts the input side only, OTPM the output side only (max_tokens at grant)."""
+    rate = CallRate(input_tokens=100, output_tokens=50, period=10)
+    window = [(91.0, Charge(90, 0)), (95.0, Charge(0, 40))]
+    # plenty of output left, but the input needs the 90 at 91 to leave: at 101
+    assert admission_wait(100.0, window, rate, 0.0, Charge(20, 0)) == pytest.approx(1.0, abs=0.01)
+    # plenty of input left, but 40 of 50 output is taken until 105
+    assert admission_wait(100.0, window, rate, 0.0, Charge(5, 20)) == pytest.approx(5.0, abs=0.01)
+    assert admission_wait(100.0, window, rate, 0.0, Charge(10, 10)) == 0
+    # both over: the later of the two
+    assert admission_wait(100.0, window, rate, 0.0, Charge(20, 20)) == pytest.approx(5.0, abs=0.01)
+
+
+def test_a_charge_is_estimated_from_max_tokens_and_settled_from_usage() -> None:
+    request = ModelRequest(
+        model="m", messages=[Message(role="user", content=[TextBlock(text="x" * 400)])],
+        max_tokens=321,
+    )
+    estimate = Charge.estimate(request)
+    assert estimate.output == 321 and estimate.input > 50
+    used = Charge.used(
+        Usage(
+            input_tokens=7,
+            cache_read_input_tokens=5000,  # free, as under the API's input limit
+            cache_creation_input_tokens=30,
+            output_tokens=12,
+        )
+    )
+    assert used == Charge(37, 12) and used.tokens == 49
+
+
+def test_a_rate_needs_a_limit_and_says_which_field_is_wrong() -> None:
+    with pytest.raises(ValueError, match="requests, input_tokens, output_tokens or tokens"):
         CallRate()
-    with pytest.raises(ValueError):
-        CallRate(requests=0)
+    for field in ("requests", "input_tokens", "output_tokens", "tokens"):
+        with pytest.raises(ValueError, match=field):
+            CallRate(**{field: 0})
+    with pytest.raises(ValueError, match="period"):
+        CallRate(requests=1, period=0)
+    with pytest.raises(ValueError, match="extra"):
+        CallRate(requests=1, itpm=5)  # type: ignore[call-arg]
 
 
 @pytest.mark.anyio
@@ -65,7 +103,7 @@ async def test_one_process_never_exceeds_the_limit() -> None:
     granted: list[float] = []
 
     async def call() -> None:
-        await limiter.acquire(1)
+        await limiter.acquire(ONE)
         granted.append(time.monotonic())
 
     with anyio.fail_after(10):
@@ -110,8 +148,9 @@ async def test_a_429_pauses_every_caller_and_usage_replaces_the_estimate() -> No
             for _ in range(3):
                 group.start_soon(model.request, request)
     assert all(t >= refused + 0.4 for t in inner.calls[1:])  # nobody called during the pause
-    charged = sorted(slot.tokens for slot in limiter._slots)
-    assert charged[1:] == [42, 42, 42]  # the answered calls: their real usage
+    charged = sorted(slot.charge for slot in limiter._slots)
+    assert charged[0] == Charge(0, 10)  # the refused call keeps its estimate: max_tokens
+    assert charged[1:] == [Charge(40, 2)] * 3  # the answered calls: their real usage
 
 
 @pytest.mark.anyio
@@ -122,48 +161,58 @@ async def test_a_pause_written_by_one_limiter_holds_every_other(postgres_dsn: st
     rate = CallRate(requests=100, period=5, name="paused")
     async with PostgresCallLimiter(postgres_dsn, rate) as one:
         async with PostgresCallLimiter(postgres_dsn, rate) as other:
-            await other.acquire(1)  # the limit exists and grants at once
+            await other.acquire(ONE)  # the limit exists and grants at once
             await one.pause(0.8)
             start = time.monotonic()
             with anyio.fail_after(30):
-                await other.acquire(1)
+                await other.acquire(ONE)
             assert time.monotonic() - start >= 0.75  # not before the pause ended
 
 
 GRANTER = """
 import json, sys, time, anyio
-from anabranch.models import CallRate, PostgresCallLimiter
+from anabranch.models import CallRate, Charge, PostgresCallLimiter
 
 async def main():
     rate = CallRate(**json.loads(sys.argv[2]))
+    charge = Charge(*json.loads(sys.argv[4]))
     async with PostgresCallLimiter(sys.argv[1], rate) as limiter:
         print("ready", flush=True)
         sys.stdin.readline()
         for _ in range(int(sys.argv[3])):
-            ticket = await limiter.acquire(int(sys.argv[4]))
+            ticket = await limiter.acquire(charge)
             print(json.dumps([time.time(), ticket]), flush=True)
-            await limiter.settle(ticket, int(sys.argv[5]))
+            await limiter.settle(ticket, charge)
 
 anyio.run(main)
 """
 
 
-@pytest.mark.parametrize(
-    "rate", [{"requests": 4}, {"requests": 6, "tokens": 200}], ids=["requests", "tokens"]
-)
+SHARED_LIMITS = {
+    # limit per second, and each call's (input, output) charge: 4 calls a second each way
+    "requests": ({"requests": 4}, (50, 50)),
+    "input": ({"requests": 100, "input_tokens": 200}, (50, 500)),
+    "output": ({"requests": 100, "output_tokens": 200}, (500, 50)),
+    "tokens": ({"requests": 6, "tokens": 200}, (30, 20)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SHARED_LIMITS))
 def test_processes_on_one_postgres_share_the_limit(
-    postgres_dsn: str, tmp_path: Path, rate: dict[str, int]
+    postgres_dsn: str, tmp_path: Path, kind: str
 ) -> None:
-    """Three processes grant 6 calls each as fast as they can, under 4 requests (or 200
-    tokens at 50 a call) per second: no window of a second ever holds more than 4 grants,
-    the limit was what held them back, and every call was granted once."""
-    spec: dict[str, object] = {**rate, "period": 1.0, "name": "shared"}
+    """Three processes grant 6 calls each as fast as they can, under a limit that admits
+    4 calls a second (4 requests, or 200 input, output or all tokens at 50 a call; the
+    other side of each call is large and unlimited): no window of a second ever holds more
+    than 4 grants, the limit was what held them back, and every call was granted once."""
+    rate, charge = SHARED_LIMITS[kind]
+    spec: dict[str, object] = {**rate, "period": 1.0, "name": f"shared-{kind}"}
     script = tmp_path / "granter.py"
     script.write_text(textwrap.dedent(GRANTER))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), postgres_dsn, json.dumps(spec), "6", "50", "50"],
+            [sys.executable, str(script), postgres_dsn, json.dumps(spec), "6", json.dumps(charge)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -191,30 +240,43 @@ def test_processes_on_one_postgres_share_the_limit(
     slack = 0.05
     times = [t for t, _ in grants]
     assert busiest(times, 1.0 - slack) <= 4
-    assert heaviest([(t, 50) for t in times], 1.0 - slack) <= 200
     assert busiest(times, 1.0 + slack) >= 4  # the limit held them back (not idle)
     assert max(times) - min(times) >= 18 / 4 - 1.0 - slack
 
 
-def test_a_bad_rate_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("command", "flags", "says"),
+    [
+        ("worker", ["--rpm", "0"], "(--rpm): Input should be greater than or equal to 1"),
+        ("worker", ["--otpm", "x"], "(--otpm): expected a whole number, not 'x'"),
+        ("run", ["--itpm", "-5"], "(--itpm): Input should be greater than or equal to 1"),
+        ("run", ["--rate-period", "0", "--tpm", "9"], "(--rate-period): Input should be greater"),
+        ("resume", ["--rate-period", "5"], "--rate-period and --rate-name need a limit"),
+    ],
+)
+def test_a_bad_rate_is_one_line_before_anything_starts(
+    tmp_path: Path, command: str, flags: list[str], says: str
+) -> None:
+    """Nothing is imported, connected to or created: the definition file would write a
+    marker if imported, the database would be a new file."""
     defs = tmp_path / "defs.py"
-    defs.write_text("from anabranch import Agent\nhelper = Agent(name='helper')\n")
-    for flags in (["--rpm", "0"],):  # the model's own checks are tested above
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "anabranch",
-                "worker",
-                str(defs),
-                "--db",
-                "postgresql://nobody@127.0.0.1:1/none",
-                *flags,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode != 0
-        lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and "bad rate limit" in lines[0], done.stderr
+    marker = tmp_path / "imported"
+    defs.write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "from anabranch import Agent\nhelper = Agent(name='helper')\n"
+    )
+    target = {
+        "worker": [str(defs), "--db", "postgresql://nobody@127.0.0.1:1/none"],
+        "run": [f"{defs}:helper", "a task", "--offline", "--db", str(tmp_path / "r.db")],
+        "resume": ["ses_nothing", "--offline", "--db", str(tmp_path / "r.db")],
+    }[command]
+    done = subprocess.run(
+        [sys.executable, "-m", "anabranch", command, *target, *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad rate limit" in lines[0] and says in lines[0], done.stderr
+    assert not marker.exists() and not (tmp_path / "r.db").exists()

@@ -23,6 +23,7 @@ from anabranch.cli._common import (
     open_store,
     output_text,
 )
+from anabranch.cli._rate_args import add_rate_arguments, call_rate
 from anabranch.cli._tracing import add_trace_arguments
 
 if TYPE_CHECKING:
@@ -57,6 +58,15 @@ def _model_for(args: argparse.Namespace, source: str | None) -> Any:
     from anabranch.testing import TestModel
 
     return TestModel()
+
+
+def _rate_limited(model: Any, rate: Any) -> Any:
+    """``model`` under the ``--rpm``/``--itpm``/``--otpm``/``--tpm`` limit of this process."""
+    if rate is None or model is None:
+        return model
+    from anabranch.models._rate import LocalCallLimiter, RateLimitedModel
+
+    return RateLimitedModel(model, LocalCallLimiter(rate))
 
 
 def _runtime(args: argparse.Namespace, model: Any) -> Runtime:
@@ -138,6 +148,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     from anabranch.runtime._loader import parse_reference
 
     check_db(args.db)
+    rate = call_rate(args)  # a bad limit is one line before anything is read or imported
     task = read_task(args)
     overrides = _overrides(args)
     source = str(parse_reference(args.target))
@@ -147,6 +158,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     if not isinstance(definition, Graph) and not task:
         raise CliError(f"{args.target} is an Agent: give it a TASK (or - to read it from stdin)")
     model = _model_for(args, source)  # before any file or session: credentials checked here
+    model = _rate_limited(model, rate)
     started: Started = args.started
 
     def announce(session_id: str) -> None:
@@ -200,6 +212,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
     from anabranch.runtime._loader import load_recorded, recorded_digest
 
     check_db(args.db)
+    rate = call_rate(args)
     args.started.session_id = args.session_id
     async with open_store(args.db, read_only=True) as store:
         session = await store.get_session(args.session_id)
@@ -226,7 +239,7 @@ async def cmd_resume(args: argparse.Namespace) -> int:
         from anabranch.testing import TestModel
 
         model = TestModel()
-    rt = _runtime(args, model)
+    rt = _runtime(args, _rate_limited(model, rate))
     await rt.open(create=False)
     try:
         if definition is not None:
@@ -265,6 +278,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run.add_argument("--offline", action="store_true", help="use the built-in TestModel")
     add_progress_arguments(run)
     add_budget_arguments(run, tenant=True)
+    add_rate_arguments(run, shared_by="this run's model calls")
     add_trace_arguments(run)
 
     resume = add_command(
@@ -284,4 +298,5 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     resume.add_argument("--offline", action="store_true", help="use the built-in TestModel")
     add_progress_arguments(resume)
     add_budget_arguments(resume, tenant=False)
+    add_rate_arguments(resume, shared_by="this resume's model calls")
     add_trace_arguments(resume)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from anabranch.cli._common import OFFLINE_MODEL, CliError, add_command
+from anabranch.cli._rate_args import add_rate_arguments, call_rate
 from anabranch.errors import UserError
 from anabranch.runtime._loader import load_module, split_reference
 from anabranch.store import describe_db, is_postgres_url
@@ -81,32 +82,14 @@ def _rate(text: str | None) -> tuple[int, float] | None:
     return parsed
 
 
-def _call_rate(args: argparse.Namespace) -> Any:
-    """The ``--rpm``/``--tpm`` limit, or ``None``."""
-    if args.rpm is None and args.tpm is None:
-        return None
-    from pydantic import ValidationError
-
-    from anabranch.models._rate import CallRate
-
-    try:
-        return CallRate(
-            requests=args.rpm, tokens=args.tpm, period=args.rate_period, name=args.rate_name
-        )
-    except ValidationError as exc:
-        problem = exc.errors()[0]
-        field = ".".join(str(p) for p in problem["loc"]) or "rate"
-        raise CliError(f"bad rate limit ({field}): {problem['msg']}") from None
-
-
 async def cmd_worker(args: argparse.Namespace) -> int:
     from anabranch.runtime._runtime import Runtime
 
     _require_postgres(args.db, "worker")
     from anabranch.runtime._worker import WorkerOptions, serve
 
+    rate = call_rate(args)  # a bad limit is one line before any file is imported
     agents, graphs = _definitions(args.files)
-    rate = _call_rate(args)
     options = WorkerOptions(
         queue=args.queue,
         concurrency=args.concurrency,
@@ -271,26 +254,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=None,
         help="a worker whose heartbeat is older is dead (default: the lease ttl)",
     )
-    worker.add_argument(
-        "--rpm",
-        type=int,
-        default=None,
-        help="model calls per minute (per --rate-period) across every worker on the database",
-    )
-    worker.add_argument(
-        "--tpm",
-        type=int,
-        default=None,
-        help="model tokens per minute (per --rate-period) across every worker on the database",
-    )
-    worker.add_argument(
-        "--rate-period", type=float, default=60.0, help="the window of --rpm/--tpm (60 s)"
-    )
-    worker.add_argument(
-        "--rate-name",
-        default="default",
-        help="which shared limit (one per API key or organisation; default 'default')",
-    )
+    add_rate_arguments(worker, shared_by="every worker on the database")
     worker.add_argument("--offline", action="store_true", help="Use the built-in TestModel")
     add_trace_arguments(worker)
 

@@ -17,8 +17,11 @@ from anabranch.models._retry import RetryPolicy as RetryPolicy
 if TYPE_CHECKING:
     from anabranch.models._anthropic import AnthropicModel as AnthropicModel
     from anabranch.models._pg_rate import PostgresCallLimiter as PostgresCallLimiter
+    from anabranch.models._provider_limits import ProviderLimit as ProviderLimit
+    from anabranch.models._provider_limits import ProviderLimits as ProviderLimits
     from anabranch.models._rate import CallLimiter as CallLimiter
     from anabranch.models._rate import CallRate as CallRate
+    from anabranch.models._rate import Charge as Charge
     from anabranch.models._rate import LocalCallLimiter as LocalCallLimiter
     from anabranch.models._rate import RateLimitedModel as RateLimitedModel
 
@@ -26,10 +29,13 @@ __all__ = [
     "AnthropicModel",
     "CallLimiter",
     "CallRate",
+    "Charge",
     "DeltaSink",
     "LocalCallLimiter",
     "Model",
     "PostgresCallLimiter",
+    "ProviderLimit",
+    "ProviderLimits",
     "RateLimitedModel",
     "RetryPolicy",
     "StreamingModel",
@@ -42,6 +48,9 @@ __getattr__, __dir__ = _lazy_exports(
         "AnthropicModel": "anabranch.models._anthropic",
         "CallLimiter": _RATE,
         "CallRate": _RATE,
+        "Charge": _RATE,
+        "ProviderLimit": "anabranch.models._provider_limits",
+        "ProviderLimits": "anabranch.models._provider_limits",
         "LocalCallLimiter": _RATE,
         "RateLimitedModel": _RATE,
         "PostgresCallLimiter": "anabranch.models._pg_rate",

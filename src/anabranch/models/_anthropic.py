@@ -39,6 +39,7 @@ from anabranch.models._clouds import (
 )
 from anabranch.models._errors import api_error
 from anabranch.models._gateway import GatewayNotice, public_channel
+from anabranch.models._provider_limits import saw_headers
 
 __all__ = ["AnthropicModel", "block_param", "request_to_params", "settings_params"]
 
@@ -118,6 +119,7 @@ class AnthropicModel:
         with _map_errors(self._gateway):
             async with self._client.messages.stream(**params) as stream:
                 self._gateway.seen(stream.response.headers)
+                saw_headers(stream.response.headers)
                 final = await stream.get_final_message()
         return _response_from_sdk(final)
 
@@ -129,6 +131,7 @@ class AnthropicModel:
         with _map_errors(self._gateway):
             async with self._client.messages.stream(**params) as stream:
                 self._gateway.seen(stream.response.headers)
+                saw_headers(stream.response.headers)
                 async for event in stream:
                     if event.type == "text":
                         on_delta("text", event.text)
@@ -169,7 +172,9 @@ class AnthropicModel:
         with_beta(params, COMPACT_BETA)
         client: Any = self._client  # the beta surface of whichever client this is
         with _map_errors(self._gateway):
-            final = await client.beta.messages.create(**params)
+            raw = await client.beta.messages.with_raw_response.create(**params)
+            saw_headers(raw.headers)
+            final = await raw.parse()
         return _response_from_sdk(final)
 
     async def aclose(self) -> None:
@@ -409,6 +414,7 @@ def _map_errors(notice: GatewayNotice | None = None) -> Iterator[None]:
         headers = response.headers if response is not None else None
         if notice is not None:
             notice.seen(headers)
+        saw_headers(headers)
         raise api_error(
             exc.api_message or _plain_message(exc.body) or str(exc),
             status_code=exc.status_code,

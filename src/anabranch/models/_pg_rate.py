@@ -20,7 +20,7 @@ import anyio
 import anyio.to_thread
 import psycopg
 
-from anabranch.models._rate import CallRate, admission_wait
+from anabranch.models._rate import CallRate, Charge, admission_wait
 from anabranch.store._dsn import redact_dsn
 from anabranch.store.postgres._connection import NOW, Conn, connect, store_error
 from anabranch.store.postgres._migrate import migrate
@@ -54,18 +54,20 @@ class PostgresCallLimiter:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(conn.close)
 
-    async def acquire(self, tokens: int) -> int:
+    async def acquire(self, charge: Charge) -> int:
         async with self._turn:
             while True:
-                wait, ticket = await self._run(lambda conn: self._try_grant(conn, tokens))
+                wait, ticket = await self._run(lambda conn: self._try_grant(conn, charge))
                 if ticket is not None:
                     return int(ticket)
                 await anyio.sleep(wait)
 
-    async def settle(self, ticket: int, tokens: int) -> None:
+    async def settle(self, ticket: int, charge: Charge) -> None:
         await self._run(
             lambda conn: conn.execute(
-                "UPDATE call_slots SET tokens = %s WHERE id = %s", (tokens, ticket)
+                "UPDATE call_slots SET tokens = %s, input_tokens = %s, output_tokens = %s "
+                "WHERE id = %s",
+                (charge.tokens, charge.input, charge.output, ticket),
             )
         )
 
@@ -78,7 +80,7 @@ class PostgresCallLimiter:
             )
         )
 
-    def _try_grant(self, conn: Conn, tokens: int) -> tuple[float, int | None]:
+    def _try_grant(self, conn: Conn, charge: Charge) -> tuple[float, int | None]:
         name, period = self.rate.name, self.rate.period
         with conn.transaction():
             row = conn.execute(
@@ -98,18 +100,20 @@ class PostgresCallLimiter:
                 "DELETE FROM call_slots WHERE name = %s AND granted <= %s", (name, now - period)
             )
             window = [
-                (float(r["granted"]), int(r["tokens"]))
+                (float(r["granted"]), Charge(int(r["input_tokens"]), int(r["output_tokens"])))
                 for r in conn.execute(
-                    "SELECT granted, tokens FROM call_slots WHERE name = %s ORDER BY granted, id",
+                    "SELECT granted, input_tokens, output_tokens FROM call_slots "
+                    "WHERE name = %s ORDER BY granted, id",
                     (name,),
                 )
             ]
-            wait = admission_wait(now, window, self.rate, float(row["blocked_until"]), tokens)
+            wait = admission_wait(now, window, self.rate, float(row["blocked_until"]), charge)
             if wait > 0:
                 return wait, None
             granted = conn.execute(
-                "INSERT INTO call_slots (name, granted, tokens) VALUES (%s, %s, %s) RETURNING id",
-                (name, now, tokens),
+                "INSERT INTO call_slots (name, granted, tokens, input_tokens, output_tokens) "
+                "VALUES (%s, %s, %s, %s, %s) RETURNING id",
+                (name, now, charge.tokens, charge.input, charge.output),
             ).fetchone()
             return 0.0, int(_one(granted)["id"])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -42,6 +43,7 @@ from anabranch.testing._diagnostics import CacheDiagnostics
 from anabranch.testing._faults import Fault, FaultPlan
 from anabranch.testing._http import Hangup, HTTPRequest, Reply
 from anabranch.testing._output import fit_to_max_tokens, output_tokens
+from anabranch.testing._rate_limits import ProviderBuckets
 from anabranch.testing._records import RequestRecord
 from anabranch.testing._signing import bind, chained, request_chain, sealed
 from anabranch.testing._validation import check_bindings, validate
@@ -84,6 +86,7 @@ class AppSettings:
     latency: float = 0.0
     retry_after: float = 1.0
     api_key: str | None = None
+    rate_limits: ProviderBuckets | None = None
 
 
 @dataclass
@@ -102,6 +105,7 @@ class _Trace:
     fault: Fault | None = None
     wire: WireRequest | None = field(default=None)
     dropped_thinking: tuple[str, ...] = ()
+    limit_headers: dict[str, str] = field(default_factory=dict)
 
     def record(self, status: int) -> RequestRecord:
         return RequestRecord(
@@ -175,6 +179,7 @@ class MessagesApp:
             ("content-type", content_type),
             ("request-id", trace.request_id),
             ("server", "anabranch-testing"),
+            *trace.limit_headers.items(),
         ]
 
     def _json(self, trace: _Trace, status: int, payload: dict[str, Any]) -> Reply:
@@ -272,12 +277,11 @@ class MessagesApp:
         limit = self.settings.model_limits.get(wire.request.model, self.settings.context_limit)
         validate(wire, context_limit=limit, betas=_betas(request))
         wire, trace.dropped_thinking = check_bindings(wire)
-        if wire.compaction:
-            response = await self._ask_policy(trace, compaction_wire(wire))
-            if not isinstance(response, Hangup):
-                response = compaction_response(wire.request, response)
+        buckets = self.settings.rate_limits
+        if buckets is None:
+            response = await self._answer(trace, wire)
         else:
-            response = await self._ask_policy(trace, wire)
+            response = await self._within_limits(buckets, trace, wire)
         if isinstance(response, Hangup):
             return response
         trace.message_id, trace.usage = response.id, response.usage
@@ -296,6 +300,37 @@ class MessagesApp:
             half = len(body) // 2
             return Reply(reply.status, reply.headers, (body[:half], body[half:]), drop_after=1)
         return reply
+
+    async def _answer(self, trace: _Trace, wire: WireRequest) -> ModelResponse | Hangup:
+        if wire.compaction:
+            response = await self._ask_policy(trace, compaction_wire(wire))
+            if not isinstance(response, Hangup):
+                response = compaction_response(wire.request, response)
+            return response
+        return await self._ask_policy(trace, wire)
+
+    async def _within_limits(
+        self, buckets: ProviderBuckets, trace: _Trace, wire: WireRequest
+    ) -> ModelResponse | Hangup:
+        """``_answer`` under the organisation's rate limits (429 when over one of them);
+        the answer carries the limits' state in its headers."""
+        max_tokens = wire.request.max_tokens
+        wait, refused = buckets.admit(max_tokens)
+        if refused is not None:
+            headers = {"retry-after": str(max(1, math.ceil(wait))), **buckets.headers()}
+            raise APIFailure(429, "rate_limit_error", buckets.refusal(refused), headers)
+        try:
+            response = await self._answer(trace, wire)
+        except BaseException:
+            buckets.release(max_tokens)
+            trace.limit_headers = buckets.headers()
+            raise
+        if isinstance(response, Hangup):
+            buckets.release(max_tokens)
+        else:
+            buckets.settle(max_tokens, response.usage)
+        trace.limit_headers = buckets.headers()
+        return response
 
     def _raise_for_fault(self, fault: Fault, *, stream: bool) -> None:
         """Raise the error answer of an error fault; the others act later (or never)."""

@@ -25,11 +25,13 @@ import anyio
 from anyio.abc import SocketAttribute, SocketStream, TaskGroup
 
 from anabranch.models._base import Model
+from anabranch.models._rate import CallRate
 from anabranch.testing._app import AppSettings, MessagesApp
 from anabranch.testing._cache import PromptCache
 from anabranch.testing._faults import ERROR_FAULTS, Fault, FaultKind, FaultPlan
 from anabranch.testing._http import serve_connection
 from anabranch.testing._policies import ScriptEntry, as_policy
+from anabranch.testing._rate_limits import ProviderBuckets
 from anabranch.testing._records import RequestRecord
 
 __all__ = ["MessagesServer"]
@@ -55,6 +57,10 @@ class MessagesServer:
         faults: one-shot faults queued for the next requests, in order.
         fault_kinds: kinds random faults are drawn from (default: every failing kind).
         retry_after: ``retry-after`` seconds of a 429 whose fault does not set one.
+        rate_limits: the organisation's limits, as the API enforces them: token buckets
+            of ``requests``, ``input_tokens`` and ``output_tokens`` per ``period`` (a
+            ``CallRate``; ``tokens`` is refused). Over a limit: 429 with ``retry-after``.
+            Every answer then carries ``anthropic-ratelimit-*`` headers.
         api_key: when set, any other key is rejected with 401 (by default any key works).
         clock: monotonic seconds for cache TTLs (pass a ``ManualClock`` to control expiry).
         host, port: where to listen.
@@ -73,6 +79,7 @@ class MessagesServer:
         faults: Iterable[Fault | FaultKind] = (),
         fault_kinds: Sequence[FaultKind] = ERROR_FAULTS,
         retry_after: float = 1.0,
+        rate_limits: CallRate | None = None,
         api_key: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         host: str = "127.0.0.1",
@@ -93,6 +100,7 @@ class MessagesServer:
                 latency=latency_ms / 1000.0,
                 retry_after=retry_after,
                 api_key=api_key,
+                rate_limits=ProviderBuckets(rate_limits) if rate_limits is not None else None,
             ),
             log=self.log,
         )

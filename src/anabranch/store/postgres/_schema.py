@@ -216,6 +216,15 @@ its window (older ones are deleted as they leave it: not history). And an index 
 failover of sessions whose lease expired."""
 
 
+_V5_CALL_CHARGES = """
+ALTER TABLE call_slots
+    ADD COLUMN input_tokens bigint NOT NULL DEFAULT 0,
+    ADD COLUMN output_tokens bigint NOT NULL DEFAULT 0;
+"""
+"""A granted call's input and output tokens apart (``tokens`` stays their sum), so one
+limit can hold input and output tokens per period separately, as the API does."""
+
+
 def _append_only_triggers(tables: tuple[str, ...] = APPEND_ONLY) -> str:
     return "\n".join(
         f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {table} "
@@ -229,6 +238,7 @@ MIGRATIONS: list[str] = [
     _V2_BUDGETS + _append_only_triggers(BUDGET_TABLES),
     _V3_TOOL_RESULT_REFS,
     _V4_CALL_LIMITS,
+    _V5_CALL_CHARGES,
 ]
 """One script per schema version; each runs in one transaction with the previous ones."""
 SCHEMA_VERSION = len(MIGRATIONS)
