@@ -18,6 +18,7 @@ from anabranch.errors import RateLimitedError
 from anabranch.messages import Message, ModelRequest, ModelResponse, TextBlock, Usage
 from anabranch.models import CallRate, Charge, LocalCallLimiter, RateLimitedModel
 from anabranch.models._rate import admission_wait
+from anabranch.testing import FunctionModel
 
 ONE = Charge(1, 0)
 
@@ -151,6 +152,48 @@ async def test_a_429_pauses_every_caller_and_usage_replaces_the_estimate() -> No
     charged = sorted(slot.charge for slot in limiter._slots)
     assert charged[0] == Charge(0, 10)  # the refused call keeps its estimate: max_tokens
     assert charged[1:] == [Charge(40, 2)] * 3  # the answered calls: their real usage
+
+
+@pytest.mark.anyio
+async def test_each_model_class_has_its_own_limit() -> None:
+    """Opus at 1 call per 10 minutes, every other model (the default limiter) unlimited
+    in effect: a second Opus call waits while Sonnet and Haiku calls go on."""
+    answered: list[str] = []
+
+    async def answer(request: ModelRequest) -> str:
+        answered.append(request.model)
+        return "ok"
+
+    opus = LocalCallLimiter(CallRate(requests=1, period=600, name="opus"))
+    default = LocalCallLimiter(CallRate(requests=1000, name="default"))
+    model = RateLimitedModel(
+        FunctionModel(answer), default, by_model={"claude-opus": opus, "claude-opus-5": opus}
+    )
+    assert model.limiter_for("claude-opus-5-5") is opus
+    assert model.limiter_for("claude-sonnet-5-5") is default
+
+    def ask(name: str) -> ModelRequest:
+        return ModelRequest(model=name, messages=[], max_tokens=10)
+
+    with anyio.fail_after(10):
+        await model.request(ask("claude-opus-5-5"))
+        async with anyio.create_task_group() as group:
+            waiting = anyio.Event()
+
+            async def second_opus() -> None:
+                waiting.set()
+                await model.request(ask("claude-opus-4-8"))
+
+            group.start_soon(second_opus)
+            await waiting.wait()
+            for name in ("claude-sonnet-5-5", "claude-haiku-4-5", "claude-sonnet-5-5"):
+                await model.request(ask(name))
+            group.cancel_scope.cancel()  # the second Opus call would wait ten minutes
+    assert answered == ["claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-4-5"] + [
+        "claude-sonnet-5-5"
+    ]
+    with pytest.raises(ValueError, match="prefixes"):
+        RateLimitedModel(FunctionModel(answer), default, by_model={"": opus})
 
 
 @pytest.mark.anyio

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import anyio
@@ -29,7 +30,10 @@ async def test_serve_prints_port_first_and_answers() -> None:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
     }
-    command = [sys.executable, "-m", "anabranch.testing", "--port", "0", "--rounds", "0"]
+    command = [
+        *(sys.executable, "-m", "anabranch.testing", "--port", "0", "--rounds", "0"),
+        *("--rpm", "1", "--rate-period", "600"),  # one request, then a 429
+    ]
     process = await anyio.open_process(command, env=env)
     try:
         assert process.stdout is not None
@@ -43,12 +47,20 @@ async def test_serve_prints_port_first_and_answers() -> None:
         client = anthropic.AsyncAnthropic(
             base_url=f"http://127.0.0.1:{port}", api_key="test", max_retries=0
         )
+        ping: dict[str, Any] = {
+            "model": "m",
+            "max_tokens": 50,
+            "messages": [{"role": "user", "content": "ping"}],
+        }
         try:
-            message = await client.messages.create(
-                model="m", max_tokens=50, messages=[{"role": "user", "content": "ping"}]
-            )
+            raw = await client.messages.with_raw_response.create(**ping)
+            message = await raw.parse()
+            with pytest.raises(anthropic.RateLimitError):
+                await client.messages.create(**ping)
         finally:
             await client.close()
+        assert raw.headers["anthropic-ratelimit-requests-limit"] == "1"
+        assert raw.headers["anthropic-ratelimit-requests-remaining"] == "0"
         assert message.content[0].type == "text"
         assert "ping" in message.content[0].text
         process.send_signal(signal.SIGTERM)

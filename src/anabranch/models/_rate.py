@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -233,18 +233,41 @@ class LocalCallLimiter:
 
 
 class RateLimitedModel:
-    """A ``Model`` whose calls ``limiter`` grants (see the module docstring)."""
+    """A ``Model`` whose calls ``limiter`` grants (see the module docstring).
+
+    The API's limits are per model class: ``by_model`` gives a class its own limiter, by
+    model-name prefix (``{"claude-opus": opus_limiter}``; the longest prefix that matches
+    a request's model wins, and ``limiter`` grants every other model's calls).
+    """
 
     def __init__(
-        self, model: Model, limiter: CallLimiter, *, wall_clock: Callable[[], float] = time.time
+        self,
+        model: Model,
+        limiter: CallLimiter,
+        *,
+        by_model: Mapping[str, CallLimiter] | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"RateLimitedModel needs a Model, got {type(model).__name__}")
-        if not isinstance(limiter, CallLimiter):
-            raise TypeError(f"RateLimitedModel needs a CallLimiter, got {type(limiter).__name__}")
+        for each in (limiter, *(by_model or {}).values()):
+            if not isinstance(each, CallLimiter):
+                raise TypeError(f"RateLimitedModel needs CallLimiters, got {type(each).__name__}")
+        if any(not prefix for prefix in by_model or {}):
+            raise ValueError("by_model needs model-name prefixes, not an empty string")
         self.model = model
         self.limiter = limiter
+        self.by_model: dict[str, CallLimiter] = dict(
+            sorted((by_model or {}).items(), key=lambda item: -len(item[0]))
+        )
         self._wall_clock = wall_clock  # the provider's resets are wall-clock times
+
+    def limiter_for(self, model: str) -> CallLimiter:
+        """The limiter that grants calls to ``model``."""
+        for prefix, limiter in self.by_model.items():
+            if model.startswith(prefix):
+                return limiter
+        return self.limiter
 
     @property
     def channel(self) -> Any:
@@ -266,19 +289,22 @@ class RateLimitedModel:
     async def _limited(
         self, request: ModelRequest, call: Callable[[], Awaitable[ModelResponse]]
     ) -> ModelResponse:
-        ticket = await self.limiter.acquire(Charge.estimate(request))
+        limiter = self.limiter_for(request.model)
+        ticket = await limiter.acquire(Charge.estimate(request))
         with watch_headers() as watch:
             try:
                 response = await call()
             except (RateLimitedError, OverloadedError) as error:
-                await self._heed(watch, error.retry_after)
+                await self._heed(limiter, watch, error.retry_after)
                 raise
-        if self.limiter.rate.counts_tokens:
-            await self.limiter.settle(ticket, Charge.used(response.usage))
-        await self._heed(watch, None)
+        if limiter.rate.counts_tokens:
+            await limiter.settle(ticket, Charge.used(response.usage))
+        await self._heed(limiter, watch, None)
         return response
 
-    async def _heed(self, watch: HeaderWatch, retry_after: float | None) -> None:
+    async def _heed(
+        self, limiter: CallLimiter, watch: HeaderWatch, retry_after: float | None
+    ) -> None:
         """Pause the shared limit for as long as the provider said to wait, if at all."""
         if retry_after is None and not watch.says_exhausted():
             return  # the common answer: something left, no wait asked (nothing parsed)
@@ -286,7 +312,7 @@ class RateLimitedModel:
         if retry_after is not None:
             wait = max(wait, retry_after)
         if wait > 0:
-            await self.limiter.pause(wait)
+            await limiter.pause(wait)
 
     async def aclose(self) -> None:
         close = getattr(self.model, "aclose", None)

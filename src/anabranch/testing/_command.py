@@ -22,6 +22,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fault-rate", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=1, help="TestModel tool-call rounds")
+    parser.add_argument("--rpm", type=int, default=None, help="limit requests per period")
+    parser.add_argument("--itpm", type=int, default=None, help="limit input tokens per period")
+    parser.add_argument("--otpm", type=int, default=None, help="limit output tokens per period")
+    parser.add_argument("--rate-period", type=float, default=60.0, help="of the limits (60 s)")
 
 
 def add_serve_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,9 +52,25 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 async def cmd_serve(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM (async handler); returns the exit status."""
+    from pydantic import ValidationError
+
+    from anabranch.models._rate import CallRate
     from anabranch.testing._models import TestModel
     from anabranch.testing._server import MessagesServer
 
+    rate = None
+    if (args.rpm, args.itpm, args.otpm) != (None, None, None):
+        try:
+            rate = CallRate(
+                requests=args.rpm,
+                input_tokens=args.itpm,
+                output_tokens=args.otpm,
+                period=args.rate_period,
+            )
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            print(f"bad rate limit ({problem['loc'][0]}): {problem['msg']}", file=sys.stderr)
+            return 2
     server = MessagesServer(
         policy=TestModel(rounds=args.rounds),
         host=args.host,
@@ -60,6 +80,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         latency_ms=args.latency_ms,
         fault_rate=args.fault_rate,
         seed=args.seed,
+        rate_limits=rate,
     )
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with server:
