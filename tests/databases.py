@@ -37,3 +37,29 @@ def table_names(db: Db) -> list[str]:
 
 def table_counts(db: Db) -> dict[str, int]:
     return {name: rows(db, f"SELECT COUNT(*) FROM {name}")[0][0] for name in table_names(db)}
+
+
+def whole_copies(db: Db, text: str) -> dict[str, int]:
+    """Where ``text`` is stored whole: table -> occurrences (full-text indexes hold terms,
+    not text; SQLite's FTS tables read their text through views, so they are skipped)."""
+    virtual: set[str] = set()
+    if not is_postgres(db):
+        with sqlite3.connect(os.fspath(db)) as conn:
+            virtual = {
+                name
+                for name, sql in conn.execute("SELECT name, sql FROM sqlite_master")
+                if sql and sql.upper().startswith("CREATE VIRTUAL TABLE")
+            }
+    found: dict[str, int] = {}
+    for table in table_names(db):
+        if table in virtual:
+            continue
+        count = sum(
+            value.count(text)
+            for row in rows(db, f"SELECT * FROM {table}")
+            for value in row
+            if isinstance(value, str)
+        )
+        if count:
+            found[table] = count
+    return found

@@ -4,7 +4,6 @@ search, the transcript) gets the whole result back. On both backends."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from anabranch.runtime._history import load_messages, messages_for
 from anabranch.runtime._transcript import render_transcript, run_transcript
 from anabranch.store import MessageRecord
 from anabranch.testing import FunctionModel
-from tests.databases import Db, is_postgres, rows, table_names
+from tests.databases import Db, whole_copies
 
 pytestmark = pytest.mark.anyio
 
@@ -42,32 +41,6 @@ def _model() -> FunctionModel:
     return FunctionModel(answer)
 
 
-def _copies(db: Db, text: str) -> dict[str, int]:
-    """Where ``text`` is stored whole: table -> occurrences (full-text indexes hold terms,
-    not text; SQLite's FTS tables read their text through views, so they are skipped)."""
-    virtual: set[str] = set()
-    if not is_postgres(db):
-        with sqlite3.connect(db) as conn:
-            virtual = {
-                name
-                for name, sql in conn.execute("SELECT name, sql FROM sqlite_master")
-                if sql and sql.upper().startswith("CREATE VIRTUAL TABLE")
-            }
-    found: dict[str, int] = {}
-    for table in table_names(db):
-        if table in virtual:
-            continue
-        count = sum(
-            value.count(text)
-            for row in rows(db, f"SELECT * FROM {table}")
-            for value in row
-            if isinstance(value, str)
-        )
-        if count:
-            found[table] = count
-    return found
-
-
 async def test_a_tool_output_is_stored_once_and_read_back_whole(db: Db) -> None:
     agent = Agent(name="clerk", tools=[ledger])
     model = _model()
@@ -77,7 +50,7 @@ async def test_a_tool_output_is_stored_once_and_read_back_whole(db: Db) -> None:
         sent = model.requests[-1].messages  # the live run's context, result included
         assert sent[-1].tool_results[0].content == PAYLOAD
     # the finished event holds it; the results message only refers to it
-    assert _copies(db, PAYLOAD) == {"tool_events": 1}
+    assert whole_copies(db, PAYLOAD) == {"tool_events": 1}
 
     again = _model()
     async with Runtime(db=db, model=again) as rt:
@@ -92,7 +65,7 @@ async def test_a_tool_output_is_stored_once_and_read_back_whole(db: Db) -> None:
         assert [(h.source, h.ref) for h in hits] == [("message", "2")]
         shown = render_transcript(await run_transcript(rt.store, result.run_id))
         assert "walrus ledger, entry tusk0 weighs 0 grams" in shown
-    assert _copies(db, PAYLOAD) == {"tool_events": 1}
+    assert whole_copies(db, PAYLOAD) == {"tool_events": 1}
 
 
 async def test_a_result_the_pipeline_changed_is_stored_as_sent(tmp_path: Path) -> None:

@@ -103,3 +103,33 @@ async def test_a_word_the_index_splits_matches_its_parts(store: Store) -> None:
     await _history(store)
     assert [h.ref for h in await store.search_history("run_1", "walrus_tusks")] == ["1"]
     assert [h.ref for h in await store.search_history("run_1", "tusks_walrus")] == ["1"]
+
+
+async def test_a_spill_of_its_calls_output_is_read_and_searched_by_the_events_text(
+    store: Store,
+) -> None:
+    """A spill equal to its call's finished event (a spilled output, stored once) reads
+    back whole and is found by that text; a spill that differs keeps its own text."""
+    await add_session(store)
+    await add_run(store, "run_1")
+    await store.record_tool_event(_finished("toolu_1", "first try"))
+    await store.record_tool_event(_finished("toolu_1", "otters juggle pebbles"))
+    await store.save_spill("spill_1", "run_1", "toolu_1", "otters juggle pebbles")
+    await store.save_spill("spill_2", "run_1", "toolu_1", "otters and a different text")
+    await store.save_spill("spill_1", "run_1", "toolu_1", "a second save keeps the first")
+    assert await store.get_spill("spill_1") == "otters juggle pebbles"
+    assert await store.get_spill("spill_2") == "otters and a different text"
+    record = await store.get_spill_record("spill_1")
+    assert record is not None
+    assert (record.run_id, record.call_id, record.content) == (
+        "run_1",
+        "toolu_1",
+        "otters juggle pebbles",
+    )
+    hits = await store.search_history("run_1", "juggle")
+    assert [(h.source, h.ref) for h in hits] == [("spill", "spill_1")]
+    assert "juggle" in hits[0].snippet
+    assert {h.ref for h in await store.search_history("run_1", "otters")} == {
+        "spill_1",
+        "spill_2",
+    }

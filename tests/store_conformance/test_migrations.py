@@ -77,3 +77,33 @@ async def test_a_migrated_store_searches_results_stored_as_references(
         [MessageRecord(run_id="run_1", seq=0, role="user", content=json.dumps([ref]))]
     )
     assert [h.ref for h in await store.search_history("run_1", "narwhals")] == ["0"]
+
+
+@pytest.mark.parametrize("version", [1, 4, 10])
+async def test_a_migrated_store_reads_and_searches_spills_stored_as_references(
+    backend: Backend, version: int
+) -> None:
+    """Migrated forward, a spill equal to its call's finished event is read back whole and
+    searched by the event's text; a spill stored before the migration reads as before."""
+    if version >= backend.schema_version:
+        pytest.skip("no such older version")
+    await backend.make_old(version)
+    store = await backend.open()
+    await add_session(store)
+    await add_run(store)
+    await store.save_spill("spill_old", "run_1", "toolu_0", "beluga whistles")
+    await store.record_tool_event(
+        ToolEventRecord(
+            run_id="run_1",
+            call_id="toolu_1",
+            name="t",
+            event="finished",
+            created=1.0,
+            content="orcas hunt",
+        )
+    )
+    await store.save_spill("spill_1", "run_1", "toolu_1", "orcas hunt")
+    assert await store.get_spill("spill_1") == "orcas hunt"
+    assert await store.get_spill("spill_old") == "beluga whistles"
+    assert [h.ref for h in await store.search_history("run_1", "orcas")] == ["spill_1"]
+    assert [h.ref for h in await store.search_history("run_1", "beluga")] == ["spill_old"]

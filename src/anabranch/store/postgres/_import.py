@@ -24,13 +24,15 @@ from anabranch.store.sqlite._blobs import hydrate_rows
 __all__ = ["import_sqlite"]
 
 TABLES = (
-    *(t for t in APPEND_ONLY if t != "messages" and t != "tool_events"),
+    *(t for t in APPEND_ONLY if t not in ("messages", "tool_events", "spills")),
     "tool_events",
+    "spills",
     "messages",
     *BUDGET_TABLES,
 )
 """Every history table (and the budget tables), in an order that satisfies the foreign keys;
-tool events before messages, whose search text may read them (a reference to a result)."""
+tool events before messages and spills, whose search text may read them (a reference to a
+result or a spilled output)."""
 BOOLEAN_COLUMNS = {("tool_events", "is_error")}
 SERIALS = [(table, "id") for table in TABLES if table not in ("sessions", "runs", "spills")] + [
     ("runs", "ord")

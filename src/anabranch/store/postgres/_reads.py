@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from anabranch.errors import StoreError
 from anabranch.store._records import (
     BoundaryRecord,
     CallRecord,
@@ -285,16 +286,30 @@ class Reads:
 
     # ----------------------------------------------------------------- spills
     async def get_spill(self, handle: str) -> str | None:
-        row = await self._one("SELECT content FROM spills WHERE handle = %s", (handle,))
-        return str(row["content"]) if row else None
+        spill = await self.get_spill_record(handle)
+        return spill.content if spill else None
 
     async def get_spill_record(self, handle: str) -> SpillRecord | None:
-        """The spill behind ``handle`` with the run that saved it."""
+        """The spill behind ``handle`` with the run that saved it.
+
+        Raises:
+            StoreError: the spill refers to a tool event that is not stored.
+        """
         row = await self._one(
-            "SELECT handle, run_id, call_id, content, created FROM spills WHERE handle = %s",
+            "SELECT s.handle, s.run_id, s.call_id, coalesce(s.content, t.content) AS content, "
+            "s.created, s.event_id FROM spills s LEFT JOIN tool_events t ON t.id = s.event_id "
+            "WHERE s.handle = %s",
             (handle,),
         )
-        return SpillRecord(**row) if row else None
+        if row is None:
+            return None
+        event_id = row.pop("event_id")
+        if row["content"] is None:
+            raise StoreError(
+                f"spill {handle!r} refers to tool event {event_id} of call {row['call_id']!r} "
+                f"(run {row['run_id']}), which is not in the store"
+            )
+        return SpillRecord(**row)
 
     # ----------------------------------------------------------------- history search
     async def search_history(self, run_id: str, text: str, limit: int = 5) -> list[HistoryHit]:
@@ -315,6 +330,8 @@ class Reads:
     ) -> list[dict[str, Any]]:
         query = joiner.join(f"plainto_tsquery({_TS}, %s)" for _ in words)
         message_vector = f"to_tsvector({_TS}, message_text(m.run_id, m.content))"
+        spill_text = "spill_text(s.event_id, s.content)"
+        spill_vector = f"to_tsvector({_TS}, {spill_text})"
         sql = f"""
             WITH q AS (SELECT ({query}) AS q)
             SELECT * FROM (
@@ -324,10 +341,10 @@ class Reads:
                 FROM messages m, q
                 WHERE m.run_id = %s AND m.kind = 'message' AND {message_vector} @@ q.q
                 UNION ALL
-                SELECT 'spill', s.handle, ts_headline({_TS}, s.content, q.q, %s),
-                       ts_rank(to_tsvector({_TS}, s.content), q.q)
+                SELECT 'spill', s.handle, ts_headline({_TS}, {spill_text}, q.q, %s),
+                       ts_rank({spill_vector}, q.q)
                 FROM spills s, q
-                WHERE s.run_id = %s AND to_tsvector({_TS}, s.content) @@ q.q
+                WHERE s.run_id = %s AND {spill_vector} @@ q.q
             ) hits ORDER BY rank DESC LIMIT %s
         """
         return await self._all(sql, (*words, _HEADLINE, run_id, _HEADLINE, run_id, limit))

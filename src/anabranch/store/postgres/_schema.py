@@ -225,6 +225,28 @@ ALTER TABLE call_slots
 limit can hold input and output tokens per period separately, as the API does."""
 
 
+_V6_SPILL_REFS = """
+-- A spilled tool output is stored once: a spill whose text equals its call's finished
+-- event keeps only that event's id (content is NULL). Rows stored so far keep their copy.
+ALTER TABLE spills ALTER COLUMN content DROP NOT NULL;
+ALTER TABLE spills ADD COLUMN event_id bigint;
+ALTER TABLE spills ADD CONSTRAINT spills_text CHECK (content IS NOT NULL OR event_id IS NOT NULL);
+-- the searchable text of a spill; IMMUTABLE for the index: tool_events is append-only and a
+-- spill refers only to a committed event
+CREATE FUNCTION spill_text(event_ref bigint, own_text text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF own_text IS NOT NULL THEN
+        RETURN own_text;
+    END IF;
+    RETURN (SELECT t.content FROM tool_events t WHERE t.id = event_ref);
+END $$;
+DROP INDEX spills_search;
+CREATE INDEX spills_search ON spills
+    USING gin (to_tsvector('simple'::regconfig, spill_text(event_id, content)));
+"""
+
+
 def _append_only_triggers(tables: tuple[str, ...] = APPEND_ONLY) -> str:
     return "\n".join(
         f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON {table} "
@@ -239,6 +261,7 @@ MIGRATIONS: list[str] = [
     _V3_TOOL_RESULT_REFS,
     _V4_CALL_LIMITS,
     _V5_CALL_CHARGES,
+    _V6_SPILL_REFS,
 ]
 """One script per schema version; each runs in one transaction with the previous ones."""
 SCHEMA_VERSION = len(MIGRATIONS)

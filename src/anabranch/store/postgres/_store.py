@@ -47,6 +47,19 @@ from anabranch.store.postgres._reads import Reads
 
 __all__ = ["PostgresStore"]
 
+_SAVE_SPILL = """
+    INSERT INTO spills (handle, run_id, call_id, content, created, event_id)
+    SELECT %(handle)s, %(run_id)s, %(call_id)s,
+           CASE WHEN e.id IS NULL THEN %(content)s::text END, %(created)s, e.id
+    FROM (SELECT 1) one LEFT JOIN LATERAL (
+        SELECT t.id FROM tool_events t
+        WHERE t.run_id = %(run_id)s AND t.call_id = %(call_id)s AND t.event = 'finished'
+          AND t.content = %(content)s::text
+        ORDER BY t.id DESC LIMIT 1) e ON true
+    ON CONFLICT (handle) DO NOTHING
+"""
+"""A spill row: its text, or (when that is its call's finished event's) the event's id."""
+
 T = TypeVar("T")
 
 
@@ -491,6 +504,11 @@ class PostgresStore(Reads):
         return await self._write_later(write, run=boundary.run_id)
 
     async def save_spill(self, handle: str, run_id: str, call_id: str, content: str) -> None:
+        """Keep ``content`` under ``handle`` (a second save of a handle keeps the first).
+
+        A text equal to the call's finished tool event (a spilled output) is not stored a
+        second time: the row refers to that event (``event_id``), in the same statement.
+        """
         values = {
             "handle": handle,
             "run_id": run_id,
@@ -498,15 +516,7 @@ class PostgresStore(Reads):
             "content": content,
             "created": time.time(),
         }
-        await self._write(
-            lambda tx: tx.send(
-                "INSERT INTO spills (handle, run_id, call_id, content, created) VALUES "
-                "(%(handle)s, %(run_id)s, %(call_id)s, %(content)s, %(created)s) "
-                "ON CONFLICT (handle) DO NOTHING",
-                values,
-            ),
-            run=run_id,
-        )
+        await self._write(lambda tx: tx.send(_SAVE_SPILL, values), run=run_id)
 
     async def add_cache_break(
         self, run_id: str, call_id: int, cause: str, expected_read: int, actual_read: int

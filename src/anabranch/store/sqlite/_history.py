@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any, Literal
 
+from anabranch.errors import StoreError
 from anabranch.store._records import (
     BoundaryRecord,
     CallRecord,
@@ -32,6 +33,24 @@ from anabranch.store.sqlite._rows import (
 )
 
 __all__ = ["SQLiteHistory"]
+
+_SAVE_SPILL = """
+    INSERT OR IGNORE INTO spills(handle, run_id, call_id, content, created, event_id)
+    SELECT :handle, :run_id, :call_id, CASE WHEN e.id IS NULL THEN :content END, :created, e.id
+    FROM (SELECT 1) LEFT JOIN (
+        SELECT t.id FROM tool_events t
+        WHERE t.run_id = :run_id AND t.call_id = :call_id AND t.event = 'finished'
+          AND t.content = :content
+        ORDER BY t.id DESC LIMIT 1) e
+"""
+"""A spill row: its text, or (when that is its call's finished event's) the event's id."""
+
+_SPILL_SQL = """
+    SELECT s.handle, s.run_id, s.call_id, COALESCE(s.content, t.content) AS content,
+           s.created, s.event_id
+    FROM spills s LEFT JOIN tool_events t ON t.id = s.event_id WHERE s.handle = ?
+"""
+"""A spill with its text (read from its tool event if it refers to one)."""
 
 
 class SQLiteHistory:
@@ -382,6 +401,11 @@ class SQLiteHistory:
 
     # ----------------------------------------------------------------- spills
     async def save_spill(self, handle: str, run_id: str, call_id: str, content: str) -> None:
+        """Keep ``content`` under ``handle`` (a second save of a handle keeps the first).
+
+        A text equal to the call's finished tool event (a spilled output) is not stored a
+        second time: the row refers to that event (``event_id``), in the same transaction.
+        """
         values = {
             "handle": handle,
             "run_id": run_id,
@@ -391,26 +415,31 @@ class SQLiteHistory:
         }
 
         def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT OR IGNORE INTO spills(handle, run_id, call_id, content, created) "
-                "VALUES (:handle, :run_id, :call_id, :content, :created)",
-                dehydrate(conn, "spills", values),  # a spilled image is a blob too
-            )
+            conn.execute(_SAVE_SPILL, dehydrate(conn, "spills", values))  # an image: a blob
 
         await self._sql.write(write)
 
     async def get_spill(self, handle: str) -> str | None:
-        rows = await self._sql.read(
-            lambda conn: fetch_rows(conn, "SELECT content FROM spills WHERE handle = ?", (handle,))
-        )
-        return str(rows[0]["content"]) if rows else None
+        spill = await self.get_spill_record(handle)
+        return spill.content if spill else None
 
     async def get_spill_record(self, handle: str) -> SpillRecord | None:
-        """The spill behind ``handle`` with the run that saved it."""
-        rows = await self._sql.read(
-            lambda conn: fetch_rows(conn, "SELECT * FROM spills WHERE handle = ?", (handle,))
-        )
-        return SpillRecord(**rows[0]) if rows else None
+        """The spill behind ``handle`` with the run that saved it.
+
+        Raises:
+            StoreError: the spill refers to a tool event that is not stored.
+        """
+        rows = await self._sql.read(lambda conn: fetch_rows(conn, _SPILL_SQL, (handle,)))
+        if not rows:
+            return None
+        row = rows[0]
+        event_id, content = row.pop("event_id"), row["content"]
+        if content is None:
+            raise StoreError(
+                f"spill {handle!r} refers to tool event {event_id} of call {row['call_id']!r} "
+                f"(run {row['run_id']}), which is not in the store"
+            )
+        return SpillRecord(**row)
 
     # ----------------------------------------------------------------- history search
     async def search_history(self, run_id: str, text: str, limit: int = 5) -> list[HistoryHit]:

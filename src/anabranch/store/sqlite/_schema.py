@@ -398,6 +398,30 @@ def _v10_lean_history_index(db: sqlite_utils.Database) -> None:
             db.execute(statement)
 
 
+_SPILL_TEXT = (
+    "COALESCE({row}.content, (SELECT t.content FROM tool_events t WHERE t.id = {row}.event_id))"
+)
+"""A spill's text: its own, or that of the finished tool event it refers to (``event_id``)."""
+
+
+def _v11_spill_refs(db: sqlite_utils.Database) -> None:
+    """A spilled tool output stored once: a spill whose text equals its call's finished
+    event keeps no copy, only the event's id (``event_id``; ``content`` is NULL). The
+    spill index reads that event's text. Rows stored so far keep their own copy."""
+    db.table("spills").add_column("event_id", int)
+    for statement in (
+        "DROP TRIGGER history_fts_spills",
+        "DROP VIEW history_spills",
+        f"CREATE VIEW history_spills AS SELECT s.rowid AS id, {_SPILL_TEXT.format(row='s')} "
+        "AS body, s.run_id AS run_id, 'spill' AS source, s.handle AS ref FROM spills s",
+        "CREATE TRIGGER history_fts_spills AFTER INSERT ON spills BEGIN "
+        "INSERT INTO history_spill_fts(rowid, body, run_id, source, ref) "
+        f"VALUES (new.rowid, {_SPILL_TEXT.format(row='new')}, new.run_id, 'spill', "
+        "new.handle); END",
+    ):
+        db.execute(statement)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1,
     _v2_call_prefix,
@@ -409,6 +433,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v8_budgets,
     _v9_tool_result_refs,
     _v10_lean_history_index,
+    _v11_spill_refs,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
