@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path, PurePath
 from typing import Literal
 
@@ -163,7 +164,20 @@ class Agent(BaseModel):
         return self
 
     def tool(self, name: str) -> Tool | None:
-        return next((t for t in self.tools if t.name == name), None)
+        """The tool called ``name``, or ``None`` (a dict lookup: the loop asks several times
+        per tool call)."""
+        tools, by_name = self._tools_by_name
+        if tools is not self.tools:  # a ``model_copy`` with other tools kept the old index
+            del self.__dict__["_tools_by_name"]
+            tools, by_name = self._tools_by_name
+        return by_name.get(name)
+
+    @cached_property
+    def _tools_by_name(self) -> tuple[tuple[Tool, ...], dict[str, Tool]]:
+        by_name: dict[str, Tool] = {}
+        for tool in self.tools:
+            by_name.setdefault(tool.name, tool)
+        return self.tools, by_name
 
     def subagent(self, name: str) -> Agent | None:
         return next((a for a in self.subagents if a.name == name), None)

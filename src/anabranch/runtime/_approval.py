@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -80,13 +79,9 @@ class ApprovalGate:
     def held(self, use: ToolUseBlock) -> bool:
         return use.id in self.denied or any(w.id == use.id for w in self.waiting)
 
-    @contextmanager
-    def collecting(self) -> Iterator[None]:
-        """Run one call; a sub-agent's ``ApprovalPendingError`` is kept, so sibling calls finish."""
-        try:
-            yield
-        except ApprovalPendingError as pending:
-            self.nested.append(pending)
+    def keep(self, pending: ApprovalPendingError) -> None:
+        """A call's sub-agent stopped to wait for approval: kept (sibling calls finish)."""
+        self.nested.append(pending)
 
     def raise_if_waiting(self, run: GatedRun) -> None:
         """After the turn's other calls finished: stop the run if anything waits."""

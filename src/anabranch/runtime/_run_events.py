@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -30,6 +30,8 @@ __all__ = ["RunEvents", "run_status_for"]
 _PRICES = PriceTable()
 
 COMPACTION_KINDS = ("compaction", "clear")
+
+_NOTHING_TO_REPORT: AbstractAsyncContextManager[None] = nullcontext()
 
 
 def run_status_for(error: BaseException) -> Literal["failed", "cancelled", "stopped", "waiting"]:
@@ -198,17 +200,18 @@ class RunEvents:
         )
 
     # ------------------------------------------------------------------ compaction
-    @asynccontextmanager
-    async def compactions(self) -> AsyncIterator[None]:
+    def compactions(self) -> AbstractAsyncContextManager[None]:
         """Around a pipeline step: the compactions it committed, as events.
 
         A summarizing compaction announces ``compaction_started`` when its summarizer
-        call begins; one that needs no model call announces it with its result.
+        call begins; one that needs no model call announces it with its result. Nothing
+        (one shared no-op) when nobody listens: this wraps every model call.
         """
+        return self._reported_compactions() if self.active else _NOTHING_TO_REPORT
+
+    @asynccontextmanager
+    async def _reported_compactions(self) -> AsyncIterator[None]:
         run = self._run
-        if not self.active:
-            yield
-            return
         started, before = time.time(), run.compactions
         self._compaction_announced = False
         try:

@@ -8,6 +8,7 @@ running, follows the tool's ``on_interrupt`` (run it again, or report the interr
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -15,6 +16,7 @@ import anyio
 
 from anabranch.agents import Agent
 from anabranch.agents._tools import Pin
+from anabranch.errors import ApprovalPendingError
 from anabranch.messages import ToolDefinition, ToolResultBlock, ToolUseBlock
 from anabranch.runtime._approval import GatedRun, gate_calls, needs_approval
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
@@ -90,7 +92,7 @@ class ToolCalls:
         todo = [use for use in todo if not gate.held(use)]
 
         async def run_one(use: ToolUseBlock) -> None:
-            with gate.collecting():  # a sub-agent waiting for approval pauses this run too
+            try:
                 self.events.tool_started(use)
                 outcome = await self._run_tool(
                     use, interrupted=use.id in started, marked=use.id in marked
@@ -99,19 +101,27 @@ class ToolCalls:
                 await self.env.store.record_tool_event(self._finished_event(use, outcome))
                 outcomes[use.id] = outcome
                 self.events.tool_finished(use, outcome)
+            except ApprovalPendingError as pending:  # a sub-agent waits: this run pauses too
+                gate.keep(pending)  # and sibling calls finish
+
+        async def run_all() -> None:
+            if len(todo) == 1:
+                await run_one(todo[0])
+            else:
+                async with anyio.create_task_group() as group:
+                    for use in todo:
+                        group.start_soon(run_one, use)
 
         limits = session_limits(self.env)
         deadline = limits.deadline(self.id)
         cut = anyio.current_time() >= deadline  # past it, nothing more runs
         if todo and not cut:
-            with anyio.CancelScope(deadline=deadline) as scope:  # the time limit cuts tools off
-                if len(todo) == 1:
-                    await run_one(todo[0])
-                else:
-                    async with anyio.create_task_group() as group:
-                        for use in todo:
-                            group.start_soon(run_one, use)
-            cut = scope.cancelled_caught
+            if deadline == math.inf:  # no time limit: no cancel scope to build per turn
+                await run_all()
+            else:
+                with anyio.CancelScope(deadline=deadline) as scope:  # the limit cuts tools off
+                    await run_all()
+                cut = scope.cancelled_caught
         for use in todo if cut else ():
             if use.id not in outcomes and not gate.held(use):  # cut off by the time limit
                 text = await limits.cut_off(self.env, self.id, self.agent, use)

@@ -12,12 +12,14 @@ and never keeps the process alive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import functools
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio
@@ -34,6 +36,9 @@ from anabranch.runtime._builtins import ToolOutcome
 __all__ = ["render_outcome", "render_output", "run_user_tool"]
 
 _log = logging.getLogger("anabranch.tool")
+
+_NO_LIMIT: AbstractContextManager[object] = contextlib.nullcontext()
+"""Around a call without a timeout (no cancel scope to build for it)."""
 
 
 def render_output(value: Any) -> str:
@@ -93,7 +98,7 @@ async def run_user_tool(
         )
     timeout = tool.timeout if tool.timeout is not None else default_timeout
     try:
-        with anyio.fail_after(timeout):
+        with _NO_LIMIT if timeout is None else anyio.fail_after(timeout):
             if tool.is_async:
                 value = await tool.function(**kwargs)
             else:

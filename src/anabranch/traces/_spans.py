@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -28,6 +26,11 @@ from anabranch.messages import (
     Message,
     SystemBlock,
     Usage,
+)
+from anabranch.traces._current import (
+    CurrentSpan,
+    links_or_none,
+    safe_set,
 )
 from anabranch.traces._payloads import (
     compact_json,
@@ -60,24 +63,6 @@ class SpanRef:
 
     trace_id: str
     span_id: str
-
-
-def _safe_set(span: Span, attributes: Mapping[str, Any]) -> None:
-    try:
-        if span.is_recording():  # nothing to build for a span that records nothing
-            span.set_attributes({k: v for k, v in attributes.items() if v is not None})
-    except Exception:  # pragma: no cover - telemetry must never break a run
-        _log.debug("could not set span attributes", exc_info=True)
-
-
-def _record_failure(span: Span, exc: Exception) -> None:
-    """An exception leaving a span: an ``exception`` event and an error status."""
-    try:
-        if span.is_recording():
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-    except Exception:  # pragma: no cover
-        _log.debug("could not record a span's exception", exc_info=True)
 
 
 def _links(refs: Sequence[SpanRef]) -> list[Link]:
@@ -118,38 +103,15 @@ class Tracing:
             content_capture_from_env() if capture_content is None else capture_content
         )
 
-    @contextmanager
     def _span(
         self,
         name: str,
         kind: SpanKind,
         attributes: Mapping[str, Any],
         links: Sequence[Link] = (),
-    ) -> Iterator[Span]:
-        """A current span; if the SDK or a span processor fails, the run goes on without it.
-
-        What ``start_as_current_span`` does, without its two generator layers: start,
-        make current, record an ``Exception`` (not a cancellation) and its status, end.
-        """
-        try:
-            span = self._tracer.start_span(name, kind=kind, links=list(links) or None)
-            token = otel_context.attach(trace.set_span_in_context(span))
-        except Exception:
-            _log.debug("could not start span %s", name, exc_info=True)
-            yield trace.INVALID_SPAN
-            return
-        try:
-            _safe_set(span, attributes)
-            yield span
-        except Exception as exc:
-            _record_failure(span, exc)
-            raise
-        finally:
-            try:
-                otel_context.detach(token)
-                span.end()
-            except Exception:
-                _log.debug("could not end span %s", name, exc_info=True)
+    ) -> CurrentSpan:
+        """A current span; if the SDK or a span processor fails, the run goes on without it."""
+        return CurrentSpan(self._tracer, name, kind, attributes, links_or_none(links))
 
     @staticmethod
     def span_ref(span: Span) -> SpanRef | None:
@@ -165,7 +127,6 @@ class Tracing:
             return None
 
     # ------------------------------------------------------------------ agents
-    @contextmanager
     def agent_run(
         self,
         *,
@@ -175,7 +136,7 @@ class Tracing:
         model: str,
         task: str,
         resumed_from: Sequence[SpanRef] = (),
-    ) -> Iterator[Span]:
+    ) -> CurrentSpan:
         """``invoke_agent {agent}``: one drive of one agent run.
 
         ``resumed_from`` are the spans of earlier drives of the same run (the run was
@@ -197,12 +158,10 @@ class Tracing:
         if self.capture_content:
             attributes["input.value"] = task
             attributes["input.mime_type"] = "text/plain"
-        with self._span(
+        return self._span(
             f"invoke_agent {agent}", SpanKind.INTERNAL, attributes, _links(resumed_from)
-        ) as span:
-            yield span
+        )
 
-    @contextmanager
     def graph_run(
         self,
         *,
@@ -210,7 +169,7 @@ class Tracing:
         session_id: str,
         tasks: int,
         resumed_from: Sequence[SpanRef] = (),
-    ) -> Iterator[Span]:
+    ) -> CurrentSpan:
         """The span of a task graph: every task's ``invoke_agent`` span nests under it.
 
         ``resumed_from``: the graph's spans from earlier drives of the session (links).
@@ -225,15 +184,14 @@ class Tracing:
         }
         if resumed_from:
             attributes["anabranch.resumed"] = True
-        with self._span(
+        return self._span(
             f"invoke_workflow {graph}", SpanKind.INTERNAL, attributes, _links(resumed_from)
-        ) as span:
-            yield span
+        )
 
     def agent_spend(self, span: Span, usage: Usage, cost: float | None) -> None:
         """A run's own spend on its ``invoke_agent`` span (its sub-agents have theirs):
         ``anabranch.`` names only, so UIs that sum the LLM spans do not count it twice."""
-        _safe_set(
+        safe_set(
             span,
             {
                 "anabranch.usage.input_tokens": usage.total_input_tokens,
@@ -251,10 +209,9 @@ class Tracing:
             attributes["output.mime_type"] = "text/plain"
         if usage is not None:
             attributes.update(usage_attributes(usage))
-        _safe_set(span, attributes)
+        safe_set(span, attributes)
 
     # ------------------------------------------------------------------ model calls
-    @contextmanager
     def model_call(
         self,
         *,
@@ -266,7 +223,7 @@ class Tracing:
         messages: tuple[Message, ...] | None = None,
         system: Sequence[SystemBlock] | None = None,
         purpose: str | None = None,
-    ) -> Iterator[Span]:
+    ) -> CurrentSpan:
         """``chat {model}``: the one inference span of one model call attempt.
 
         The anthropic SDK's own spans are turned off (see ``AnthropicModel``), so this is the
@@ -296,8 +253,7 @@ class Tracing:
                 attributes["gen_ai.system_instructions"] = compact_json(
                     [{"type": "text", "content": b.text} for b in system]
                 )
-        with self._span(f"chat {model}", SpanKind.CLIENT, attributes) as span:
-            yield span
+        return self._span(f"chat {model}", SpanKind.CLIENT, attributes)
 
     def model_response(
         self,
@@ -327,11 +283,11 @@ class Tracing:
             )
             attributes["output.value"] = compact_json(message_json(output))
             attributes["output.mime_type"] = "application/json"
-        _safe_set(span, attributes)
+        safe_set(span, attributes)
 
     def model_error(self, span: Span, error: BaseException) -> None:
         """Mark an inference span as failed (a retried attempt ends without raising)."""
-        _safe_set(span, {"error.type": type(error).__name__})
+        safe_set(span, {"error.type": type(error).__name__})
         try:
             span.set_status(Status(StatusCode.ERROR, type(error).__name__))
         except Exception:  # pragma: no cover
@@ -350,7 +306,6 @@ class Tracing:
         )
 
     # ------------------------------------------------------------------ tools
-    @contextmanager
     def tool_call(
         self,
         *,
@@ -359,7 +314,7 @@ class Tracing:
         session_id: str,
         description: str = "",
         arguments: dict[str, Any] | None = None,
-    ) -> Iterator[Span]:
+    ) -> CurrentSpan:
         """``execute_tool {tool}``; a spawned agent's ``invoke_agent`` span nests under it."""
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
@@ -377,8 +332,7 @@ class Tracing:
             attributes["gen_ai.tool.call.arguments"] = compact_json(arguments)
             attributes["input.value"] = compact_json(arguments)
             attributes["input.mime_type"] = "application/json"
-        with self._span(f"execute_tool {tool}", SpanKind.INTERNAL, attributes) as span:
-            yield span
+        return self._span(f"execute_tool {tool}", SpanKind.INTERNAL, attributes)
 
     def tool_result(
         self,
@@ -404,7 +358,7 @@ class Tracing:
             attributes["gen_ai.tool.call.result"] = content
             attributes["output.value"] = content
             attributes["output.mime_type"] = "text/plain"
-        _safe_set(span, attributes)
+        safe_set(span, attributes)
 
     def cache_break(
         self,
@@ -430,13 +384,12 @@ class Tracing:
                 "anabranch.cache.break.idle_seconds": round(idle_seconds, 3),
             },
         )
-        _safe_set(target, {"anabranch.cache.break.cause": cause})
+        safe_set(target, {"anabranch.cache.break.cause": cause})
 
     # ------------------------------------------------------------------ compaction
-    @contextmanager
     def compact_span(
         self, *, agent: str, run_id: str, session_id: str, trigger: str, strategy: str
-    ) -> Iterator[Span]:
+    ) -> CurrentSpan:
         """``compact {agent}``: one compaction (the summarizer's model call nests inside).
 
         A CHAIN span for Phoenix; ``compaction_result`` adds the sizes before/after, which
@@ -456,8 +409,7 @@ class Tracing:
             "gen_ai.compaction.trigger": trigger,
             "gen_ai.compaction.strategy": strategy,
         }
-        with self._span(f"compact {agent}", SpanKind.INTERNAL, attributes) as span:
-            yield span
+        return self._span(f"compact {agent}", SpanKind.INTERNAL, attributes)
 
     def compaction_result(
         self,
@@ -477,7 +429,7 @@ class Tracing:
         after: dict[str, Any] = {"tokens": tokens_after, "messages": messages_after, "kept": kept}
         if failure is not None:
             after["failure"] = failure
-        _safe_set(
+        safe_set(
             span,
             {
                 "anabranch.compaction.strategy": strategy,
@@ -516,7 +468,7 @@ class Tracing:
         inferred: int,
     ) -> None:
         """The counts of a compaction's loss manifest (never the terms themselves)."""
-        _safe_set(
+        safe_set(
             span,
             {
                 "anabranch.compaction.removed_messages": removed,
@@ -528,8 +480,7 @@ class Tracing:
         )
 
     # ------------------------------------------------------------------ memory
-    @contextmanager
-    def memory_span(self, operation: str, *, agent: str, session_id: str | None) -> Iterator[Span]:
+    def memory_span(self, operation: str, *, agent: str, session_id: str | None) -> CurrentSpan:
         """``memory {operation} {agent}``: a relevance selection or a consolidation.
 
         ``memory_result`` records what was considered and chosen (memory names and
@@ -543,11 +494,10 @@ class Tracing:
             "session.id": session_id,
             "anabranch.memory.operation": operation,
         }
-        with self._span(f"memory {operation} {agent}", SpanKind.INTERNAL, attributes) as span:
-            yield span
+        return self._span(f"memory {operation} {agent}", SpanKind.INTERNAL, attributes)
 
     def memory_result(self, span: Span, attributes: Mapping[str, Any]) -> None:
-        _safe_set(span, {f"anabranch.memory.{k}": v for k, v in attributes.items()})
+        safe_set(span, {f"anabranch.memory.{k}": v for k, v in attributes.items()})
 
     # ------------------------------------------------------------------ limits
     def limit_soft(
@@ -587,7 +537,7 @@ class Tracing:
         }
         span = trace.get_current_span()
         self.event(span, "anabranch.limit.reached", attributes)
-        _safe_set(span, {k: v for k, v in attributes.items() if v is not None})
+        safe_set(span, {k: v for k, v in attributes.items() if v is not None})
 
     # ------------------------------------------------------------------ misc
     def event(self, span: Span, name: str, attributes: Mapping[str, Any]) -> None:
