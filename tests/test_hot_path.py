@@ -1,0 +1,94 @@
+"""What the hot path's leaner plumbing must keep: span status on the way out, the current
+span while the block runs, tool lookups that follow a copied definition."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from anabranch import Agent, tool
+from anabranch.traces import Tracing
+
+
+@tool
+async def alpha(text: str) -> str:
+    """First tool."""
+    return text
+
+
+@tool
+async def beta(text: str) -> str:
+    """Second tool."""
+    return text
+
+
+def _tracing() -> tuple[Tracing, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return Tracing(provider), exporter
+
+
+def test_an_exception_is_recorded_with_error_status_and_the_span_is_current() -> None:
+    tracing, exporter = _tracing()
+    with pytest.raises(ValueError, match="boom"):
+        with tracing.tool_call(tool="t", call_id="c1", session_id="s") as span:
+            assert trace.get_current_span() is span
+            raise ValueError("boom")
+    assert trace.get_current_span() is trace.INVALID_SPAN  # detached on the way out
+    (finished,) = exporter.get_finished_spans()
+    assert finished.status.status_code is StatusCode.ERROR
+    assert finished.status.description == "ValueError: boom"
+    assert [e.name for e in finished.events] == ["exception"]
+    assert finished.end_time is not None
+
+
+@pytest.mark.anyio
+async def test_a_cancellation_ends_the_span_without_an_error() -> None:
+    tracing, exporter = _tracing()
+    with anyio.CancelScope() as scope:
+        with tracing.model_call(
+            model="m", session_id="s", agent="a", attempt=1, compacted=False
+        ):
+            scope.cancel()
+            await anyio.sleep(1)
+    assert scope.cancelled_caught
+    (finished,) = exporter.get_finished_spans()
+    assert finished.status.status_code is StatusCode.UNSET
+    assert not finished.events
+    assert finished.end_time is not None
+
+
+def test_a_span_that_cannot_start_leaves_the_block_running() -> None:
+    class Broken(TracerProvider):
+        def get_tracer(self, *args: object, **kwargs: object) -> trace.Tracer:
+            tracer = super().get_tracer("anabranch")
+
+            def fail(*args: object, **kwargs: object) -> trace.Span:
+                raise RuntimeError("sdk down")
+
+            tracer.start_span = fail  # type: ignore[method-assign]
+            return tracer
+
+    tracing = Tracing(Broken(shutdown_on_exit=False))
+    ran = False
+    with tracing.tool_call(tool="t", call_id="c1", session_id="s") as span:
+        ran = True
+        assert span is trace.INVALID_SPAN
+    assert ran
+
+
+def test_tool_lookup_follows_a_copied_definition() -> None:
+    agent = Agent(name="a", tools=[alpha])
+    assert agent.tool("alpha") is agent.tools[0]
+    assert agent.tool("beta") is None
+    copied = agent.model_copy(update={"tools": (beta,)})  # carries the first index along
+    assert copied.tool("alpha") is None
+    assert copied.tool("beta") is copied.tools[0]
+    assert agent.tool("alpha") is agent.tools[0]
+    assert copied == Agent(name="a", tools=[beta])  # the index is not part of equality
