@@ -68,6 +68,53 @@ async def _stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
+def _local_ports(pid: int) -> list[int]:
+    """The local TCP ports of ``pid``'s sockets (its database connections among them)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:[") : -1])
+    ports = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _locks_lease_rows(dsn: str, pid: int) -> bool:
+    """One of ``pid``'s database sessions is inside a transaction, waiting for its client,
+    with lease rows locked (a batch's lease check, a renewal or a takeover under way)."""
+    found = rows(
+        dsn,
+        "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
+        "JOIN pg_class c ON c.oid = l.relation WHERE a.datname = current_database() "
+        "AND a.state = 'idle in transaction' AND c.relname = 'leases' AND l.granted "
+        "AND a.client_port = ANY(?)",
+        (_local_ports(pid),),
+    )
+    return bool(found[0][0])
+
+
+async def _stop_inside_a_lease_lock(dsn: str, proc: subprocess.Popen[str]) -> None:
+    """SIGSTOP ``proc`` while one of its transactions holds lease rows locked: the worst
+    point for a takeover, as a worker frozen there keeps those locks. Stopped and let go
+    again until it is caught at such a point (the worker runs on meanwhile)."""
+    with anyio.fail_after(60):
+        while True:
+            proc.send_signal(signal.SIGSTOP)
+            await poll(lambda: _stopped(proc.pid), deadline=10)
+            if await anyio.to_thread.run_sync(_locks_lease_rows, dsn, proc.pid):
+                return
+            proc.send_signal(signal.SIGCONT)
+            await anyio.sleep(0.01)
+
+
 def _started_unfinished(dsn: str, sessions: list[str]) -> frozenset[str]:
     found = rows(
         dsn,
@@ -194,9 +241,8 @@ async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
                 # sessions to is its business (on a quiet machine one may get none)
                 index = await _midway_worker(postgres_dsn, procs)
                 victim, executor = procs[index], f"w{index + 1}"
-                victim.send_signal(signal.SIGSTOP)
                 try:
-                    await poll(lambda: _stopped(victim.pid), deadline=10)
+                    await _stop_inside_a_lease_lock(postgres_dsn, victim)
                     taken = held_by(postgres_dsn, victim.pid)
                     assert taken
                     in_flight = _started_unfinished(postgres_dsn, taken)

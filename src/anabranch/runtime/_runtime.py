@@ -185,7 +185,9 @@ class Runtime:
         if self._store is None and self._given_store is not None:
             self._store = self._given_store
         elif self._store is None:
-            self._store = await open_store(self._db, create=create, synchronous=self.synchronous)
+            self._store = await open_store(
+                self._db, create=create, synchronous=self.synchronous, lease_ttl=self.lease_ttl
+            )
         self._session_driver = SessionDriver(
             self._store, self._owner, self.lease_ttl, events=self.events, on_event=self.on_event
         )

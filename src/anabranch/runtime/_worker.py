@@ -31,7 +31,7 @@ import anyio.to_thread
 import sniffio
 from dbos import DBOS
 
-from anabranch.errors import UserError
+from anabranch.errors import StoreError, UserError
 from anabranch.runtime._dispatch import (
     APP_VERSION,
     DEFAULT_QUEUE,
@@ -108,6 +108,9 @@ async def serve(
             "executor_id": executor_id,
             "application_version": APP_VERSION,
             "log_level": "WARNING",
+            # as the store's stall timeout: a frozen worker's DBOS transactions (a step
+            # being recorded, a dequeue) must not keep their locks past its leases
+            "sys_db_idle_transaction_timeout_sec": runtime.lease_ttl,
         }
     )
     set_serving_runtime(runtime)
@@ -147,19 +150,28 @@ async def _heartbeat(
     registry: WorkerRegistry, executor_id: str, options: WorkerOptions, dead_after: float
 ) -> None:
     while True:
-        await registry.beat(executor_id, options.queue)
-        for dead in await registry.dead(executor_id, dead_after):
-            handles = await anyio.to_thread.run_sync(_recover, dead)
-            log.warning("worker %s is dead: %d sessions back on the queue", dead, handles)
-            await registry.mark_recovered(dead, executor_id, dead_after)
-        expired = await registry.expired_leases(grace=0.0)
-        if expired:
-            moved = await anyio.to_thread.run_sync(_recover_sessions, expired, executor_id)
-            for session_id, holder in moved:
-                log.warning(
-                    "session %s: lease expired on %s; back on the queue", session_id, holder
-                )
+        try:
+            await _beat_and_recover(registry, executor_id, options, dead_after)
+        except StoreError as error:
+            # e.g. this process was frozen and the server ended its connection (the store's
+            # stall timeout): the next beat reconnects
+            log.warning("heartbeat failed, trying again: %s", error)
         await anyio.sleep(options.heartbeat)
+
+
+async def _beat_and_recover(
+    registry: WorkerRegistry, executor_id: str, options: WorkerOptions, dead_after: float
+) -> None:
+    await registry.beat(executor_id, options.queue)
+    for dead in await registry.dead(executor_id, dead_after):
+        handles = await anyio.to_thread.run_sync(_recover, dead)
+        log.warning("worker %s is dead: %d sessions back on the queue", dead, handles)
+        await registry.mark_recovered(dead, executor_id, dead_after)
+    expired = await registry.expired_leases(grace=0.0)
+    if expired:
+        moved = await anyio.to_thread.run_sync(_recover_sessions, expired, executor_id)
+        for session_id, holder in moved:
+            log.warning("session %s: lease expired on %s; back on the queue", session_id, holder)
 
 
 def _recover(executor_id: str) -> int:

@@ -19,10 +19,16 @@ def describe_db(db: str | os.PathLike[str]) -> str:
 
 
 async def open_store(
-    db: str | os.PathLike[str], *, create: bool = True, synchronous: Synchronous = "FULL"
+    db: str | os.PathLike[str],
+    *,
+    create: bool = True,
+    synchronous: Synchronous = "FULL",
+    lease_ttl: float | None = None,
 ) -> Store:
     """Open the store ``db`` names: ``postgresql://…`` is PostgreSQL (``synchronous`` does
     not apply: PostgreSQL's own ``synchronous_commit`` does), anything else a SQLite file.
+    ``lease_ttl``: the ttl of the leases this process takes (PostgreSQL ends a transaction
+    of a process frozen that long, so its row locks cannot outlast its leases).
 
     Raises:
         DatabaseError: the database cannot be used, or the PostgreSQL extra is missing.
@@ -36,5 +42,7 @@ async def open_store(
                 f"{redact_dsn(text)} is a PostgreSQL database: install the PostgreSQL "
                 f"extra (pip install 'anabranch[postgres]'): {exc}"
             ) from None
-        return await PostgresStore.open(text, create=create)
+        if lease_ttl is None:
+            return await PostgresStore.open(text, create=create)
+        return await PostgresStore.open(text, create=create, stall_timeout=lease_ttl)
     return await SQLiteStore.open(text, create=create, synchronous=synchronous)

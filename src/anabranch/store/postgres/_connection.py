@@ -129,9 +129,18 @@ def store_error(exc: BaseException) -> BaseException:
     return error
 
 
-def connect(dsn: str, *, application_name: str = "anabranch") -> Conn:
+def connect(
+    dsn: str, *, application_name: str = "anabranch", stall_timeout: float | None = None
+) -> Conn:
     """A connection with the store's schema first on the search path (autocommit: every
-    transaction is explicit)."""
+    transaction is explicit).
+
+    ``stall_timeout``: seconds after which the server ends this connection's session if it
+    sits inside a transaction waiting for this client (PostgreSQL's
+    ``idle_in_transaction_session_timeout``). The store's transactions never wait for
+    anything but their own client, so only a frozen process (stopped, swapped out, its
+    threads stuck) reaches it; without it such a process keeps its row locks, its lease
+    rows among them, for as long as it is frozen, and no one can take its sessions over."""
     try:
         conn: Conn = psycopg.connect(
             dsn,
@@ -144,6 +153,9 @@ def connect(dsn: str, *, application_name: str = "anabranch") -> Conn:
         message = redact_dsn(" ".join(str(exc).split()))
         raise DatabaseError(f"cannot connect to {redact_dsn(dsn)}: {message}") from None
     conn.execute(f"SET search_path TO {SCHEMA}, public")
+    if stall_timeout is not None:
+        milliseconds = max(1, round(stall_timeout * 1000))
+        conn.execute(f"SET idle_in_transaction_session_timeout = {milliseconds}")
     return conn
 
 
@@ -239,8 +251,11 @@ class Connections:
         writer: Conn,
         reader: Conn,
         lost: Callable[[Fence], BaseException] = _lease_lost,
+        *,
+        stall_timeout: float | None = None,
     ) -> None:
         self._dsn = dsn
+        self._stall_timeout = stall_timeout
         self._writer = writer
         self._reader = reader
         self.lost = lost
@@ -255,7 +270,7 @@ class Connections:
         """``conn``, or a new connection if the server dropped it (a restart, a failover)."""
         if not conn.closed and not conn.broken:
             return conn
-        return connect(self._dsn)
+        return connect(self._dsn, stall_timeout=self._stall_timeout)
 
     async def read(self, fn: Callable[[Conn], T]) -> T:
         def run() -> T:

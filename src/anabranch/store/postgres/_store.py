@@ -62,6 +62,10 @@ _SAVE_SPILL = """
 
 T = TypeVar("T")
 
+STALL_TIMEOUT = 30.0
+"""Seconds a transaction may wait for its client before the server ends it (the default
+lease ttl: a process frozen that long has lost its leases anyway)."""
+
 
 @functools.lru_cache(maxsize=64)
 def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
@@ -116,8 +120,14 @@ class PostgresStore(Reads):
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    async def open(cls, dsn: str, *, create: bool = True) -> PostgresStore:
+    async def open(
+        cls, dsn: str, *, create: bool = True, stall_timeout: float = STALL_TIMEOUT
+    ) -> PostgresStore:
         """Open (and with ``create``, create or migrate) the anabranch schema of a database.
+
+        ``stall_timeout``: a transaction of this store left waiting for it that many
+        seconds is ended by the server (this process is frozen: its locks must not keep
+        its sessions from being taken over). Give it the lease ttl.
 
         Raises:
             DatabaseError: cannot connect, no schema (and ``create`` is false), a schema
@@ -126,14 +136,14 @@ class PostgresStore(Reads):
         import anyio.to_thread
 
         def open_connections() -> Connections:
-            writer = connect(dsn)
+            writer = connect(dsn, stall_timeout=stall_timeout)
             try:
                 migrate(writer, create, redact_dsn(dsn))
-                reader = connect(dsn)
+                reader = connect(dsn, stall_timeout=stall_timeout)
             except BaseException:
                 writer.close()
                 raise
-            return Connections(dsn, writer, reader)
+            return Connections(dsn, writer, reader, stall_timeout=stall_timeout)
 
         return cls(dsn, await anyio.to_thread.run_sync(open_connections))
 
@@ -254,11 +264,18 @@ class PostgresStore(Reads):
         host, pid = socket.gethostname(), os.getpid()
 
         def write(tx: Tx) -> None:
+            # never wait for a lease row another transaction has locked: its holder may be
+            # frozen mid-commit (until the server ends it, see ``stall_timeout``), and a
+            # wait here would stop this store's every write with it
             row = tx.execute(
                 f"SELECT owner, host, pid, expires, {NOW} AS now FROM leases "
-                "WHERE session_id = %s FOR UPDATE",
+                "WHERE session_id = %s FOR UPDATE SKIP LOCKED",
                 (session_id,),
             ).fetchone()
+            if row is None and tx.execute(
+                "SELECT 1 FROM leases WHERE session_id = %s", (session_id,)
+            ).fetchone():
+                raise SessionBusyError(session_id, "a process committing to it")
             values = {
                 "session_id": session_id,
                 "owner": owner,
