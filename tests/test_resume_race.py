@@ -15,26 +15,45 @@ from anabranch.errors import ModelConnectionError
 from anabranch.messages import ModelRequest
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime import RunResult
-from anabranch.store import SQLiteStore
+from anabranch.store import PostgresStore, SQLiteStore
 from anabranch.testing import FunctionModel
+from tests.databases import is_postgres, rows
 
 pytestmark = pytest.mark.anyio
 
 ONCE = RetryPolicy(max_attempts=1, base_delay=0.0, max_delay=0.0)
 
 
+Gate = tuple[anyio.Event, anyio.Event]
+
+
+async def _through(gate: Gate | None) -> None:
+    if gate is not None:
+        waiting, go = gate
+        waiting.set()
+        await go.wait()
+
+
 class GatedStore(SQLiteStore):
     """A real SQLite store whose next lease acquisition first sets ``waiting`` and waits
     for ``go``: the gap between a resume's reads and its lease, held open."""
 
-    gate: tuple[anyio.Event, anyio.Event] | None = None
+    gate: Gate | None = None
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
         gate, self.gate = self.gate, None
-        if gate is not None:
-            waiting, go = gate
-            waiting.set()
-            await go.wait()
+        await _through(gate)
+        await super().acquire_lease(session_id, owner, ttl)
+
+
+class GatedPostgresStore(PostgresStore):
+    """``GatedStore`` on a real PostgreSQL."""
+
+    gate: Gate | None = None
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
+        gate, self.gate = self.gate, None
+        await _through(gate)
         await super().acquire_lease(session_id, owner, ttl)
 
 
@@ -86,3 +105,52 @@ async def test_a_session_finished_while_a_resume_waited_for_its_lease_is_not_dri
     assert result.status == "done" and result.output == "the answer", result.error
     assert [r.status for r in runs if r.parent_run_id is None] == ["done"]
     assert session is not None and session.status == "done"
+
+
+async def test_a_late_resume_of_a_finished_session_writes_nothing_and_releases_it(
+    db: Path | str,
+) -> None:
+    """The same gap, on both backends, as a duplicate DBOS workflow meets it: once the late
+    resume has the lease it finds the session finished, and re-opens nothing. No
+    ``running`` row after the finishing drive's ``done``, no second end, the lease given
+    back (before: a ``running`` row after the ``done``, so a drive cut short there left a
+    finished session looking unfinished, lease held, for ``wait`` to wait on for ever)."""
+    agent = Agent(name="worker", instructions="Answer.")
+    target = db if is_postgres(db) else Path(db)
+    async with Runtime(db=target, model=FunctionModel(_network_down), retry=ONCE) as rt:
+        first = await rt.run(agent, "go")
+    assert first.status == "failed"  # unfinished and resumable
+    sid = first.session_id
+
+    waiting, go = anyio.Event(), anyio.Event()
+    late: list[RunResult] = []
+    opened = await (GatedPostgresStore.open(str(db)) if is_postgres(db) else GatedStore.open(db))
+    assert isinstance(opened, (GatedStore, GatedPostgresStore))
+    opened.gate = (waiting, go)
+    async with (
+        opened as gated,
+        Runtime(store=gated, model=FunctionModel(_refuse), agents=[agent]) as stale,
+        Runtime(db=target, model=FunctionModel(_answer), agents=[agent]) as live,
+    ):
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+
+                async def resume_late() -> None:
+                    late.append(await stale.resume(sid))
+
+                group.start_soon(resume_late)
+                await waiting.wait()
+                finished = await live.resume(sid)
+                go.set()
+        holder = await live.store.lease_holder(sid)
+    statuses = [
+        r[0]
+        for r in rows(
+            db, "SELECT status FROM session_events WHERE session_id = ? ORDER BY id", (sid,)
+        )
+    ]
+    assert finished.status == "done"
+    (result,) = late
+    assert result.status == "done" and result.output == "the answer", result.error
+    assert statuses[-1] == "done" and statuses.count("done") == 1, statuses
+    assert holder is None

@@ -6,18 +6,47 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from anabranch.agents import Agent
 from anabranch.runtime._loop import AgentRun
-from anabranch.runtime._results import RunResult, build_result
+from anabranch.runtime._results import RunResult, SessionStatus, build_result
 from anabranch.runtime._run_limits import parse_stop
 from anabranch.runtime._session import SessionDriver, SessionEnd
 from anabranch.store import RunRecord, Store
 
-__all__ = ["agent_result", "drive_agent", "root_run"]
+__all__ = ["ENDED", "agent_result", "drive_agent", "ended_root", "root_end", "root_run"]
+
+ENDED = ("done", "incomplete", "failed")
+"""A root run's statuses once it has ended."""
 
 
 async def root_run(store: Store, session_id: str) -> RunRecord | None:
     """The session's root run (``None`` before its first commit)."""
     runs = await store.list_runs(session_id)
     return next((r for r in runs if r.parent_run_id is None and r.task_id is None), None)
+
+
+def root_end(root: RunRecord) -> SessionEnd:
+    """The session's end, from its ended root run."""
+    status: SessionStatus = "done"
+    if root.status == "incomplete" or root.status == "failed":
+        status = root.status
+    return SessionEnd(status, output=root.output or "", error=root.error)
+
+
+def ended_root(
+    store: Store, session_id: str, *, continuing: bool
+) -> Callable[[], Awaitable[SessionEnd | None]]:
+    """The session's end if its root run has ended, read when called (under the lease, so a
+    run another process finished since the caller's read is seen). ``continuing``: an
+    ``incomplete`` root is being continued under a new budget, so it has not ended."""
+
+    async def ended() -> SessionEnd | None:
+        root = await root_run(store, session_id)
+        if root is None or root.status not in ENDED:
+            return None
+        if continuing and root.status == "incomplete":
+            return None
+        return root_end(root)
+
+    return ended
 
 
 async def agent_result(
@@ -54,8 +83,10 @@ async def drive_agent(
     *,
     task: str,
     resumed: bool = False,
+    ended: Callable[[], Awaitable[SessionEnd | None]] | None = None,
 ) -> RunResult:
-    """Drive an agent session's root run under the session driver."""
+    """Drive an agent session's root run under the session driver (``ended``: see
+    ``SessionDriver.drive``)."""
     run_id = ""
 
     async def body() -> SessionEnd:
@@ -77,4 +108,6 @@ async def drive_agent(
             )
         return await agent_result(store, agents, session_id, run_id, agent_name, end)
 
-    return await driver.drive(session_id, body, result=result, task=task, resumed=resumed)
+    return await driver.drive(
+        session_id, body, result=result, task=task, resumed=resumed, ended=ended
+    )

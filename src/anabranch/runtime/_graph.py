@@ -9,7 +9,7 @@ finished tasks, continues unfinished runs where they stopped and starts the rest
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,9 +90,22 @@ async def resume_graph(
     env: Environment, driver: SessionDriver, graph: Graph, session: SessionRecord
 ) -> GraphResult:
     """Continue an interrupted graph session; a finished one returns its stored result."""
-    if session.status in ("done", "incomplete", "failed") and session.finished is not None:
+    if _graph_ended(session) is not None:
         return await stored_graph_result(env.store, graph, session.id)
-    return await drive_graph(env, driver, graph, resumed=True)
+
+    async def ended() -> SessionEnd | None:  # read again under the lease
+        return _graph_ended(await env.store.get_session(session.id))
+
+    return await drive_graph(env, driver, graph, resumed=True, ended=ended)
+
+
+def _graph_ended(session: SessionRecord | None) -> SessionEnd | None:
+    """A graph session's end, if it has ended (a failed graph is not resumed)."""
+    if session is None or session.finished is None:
+        return None
+    if session.status == "done" or session.status == "incomplete" or session.status == "failed":
+        return SessionEnd(session.status, output=session.output or "", error=session.error)
+    return None
 
 
 async def stored_graph_result(store: Store, graph: Graph, session_id: str) -> GraphResult:
@@ -273,9 +286,15 @@ async def _result(
 
 
 async def drive_graph(
-    env: Environment, driver: SessionDriver, graph: Graph, *, resumed: bool = False
+    env: Environment,
+    driver: SessionDriver,
+    graph: Graph,
+    *,
+    resumed: bool = False,
+    ended: Callable[[], Awaitable[SessionEnd | None]] | None = None,
 ) -> GraphResult:
-    """Schedule the graph under the session driver (lease, status, cancellation)."""
+    """Schedule the graph under the session driver (lease, status, cancellation;
+    ``ended``: see ``SessionDriver.drive``)."""
     session_id, store, tracing = env.session_id, env.store, env.tracing
     results: dict[str, TaskResult] = {}
 
@@ -299,5 +318,5 @@ async def drive_graph(
         return await _result(store, session_id, graph, results, end)
 
     return await driver.drive(
-        session_id, body, result=result, task=graph_task(graph), resumed=resumed
+        session_id, body, result=result, task=graph_task(graph), resumed=resumed, ended=ended
     )

@@ -22,7 +22,14 @@ from anabranch.messages import Document, Image, Usage, valid_text
 from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime import _queued
-from anabranch.runtime._agent_session import agent_result, drive_agent, root_run
+from anabranch.runtime._agent_session import (
+    ENDED,
+    agent_result,
+    drive_agent,
+    ended_root,
+    root_end,
+    root_run,
+)
 from anabranch.runtime._approval import PendingApproval, decide, pending_approvals
 from anabranch.runtime._budgets import (
     check_budget,
@@ -65,12 +72,11 @@ from anabranch.runtime._pipeline import ContextPipeline
 from anabranch.runtime._results import (
     GraphResult,
     RunResult,
-    SessionStatus,
     session_usage,
 )
 from anabranch.runtime._rewind import rewind_run
 from anabranch.runtime._run_limits import SessionLimits, continue_notice
-from anabranch.runtime._session import SessionDriver, SessionEnd
+from anabranch.runtime._session import SessionDriver
 from anabranch.runtime._spawn import SpawnLimits
 from anabranch.runtime._task_input import task_message, task_text
 from anabranch.store import (
@@ -90,7 +96,6 @@ if TYPE_CHECKING:  # the anthropic SDK is imported when the default model is fir
 __all__ = ["Runtime", "default_builtins", "default_pipeline"]
 
 DEFAULT_DB = "anabranch.db"
-_ENDED = ("done", "incomplete", "failed")
 """Statuses of a root run that has ended with a result."""
 
 
@@ -439,15 +444,10 @@ class Runtime:
             raise UserError(f"cannot resume a session of kind {session.kind!r}")
         root = await root_run(self.store, session_id)
         stopped = root if root is not None and root.status == "incomplete" and budget else None
-        if root is not None and root.status in _ENDED and stopped is None:
+        if root is not None and root.status in ENDED and stopped is None:
             # Nothing left to run (the process may have stopped before the session's
             # status was committed: record it now).
-            status: SessionStatus = "incomplete" if root.status == "incomplete" else "done"
-            end = SessionEnd(
-                "failed" if root.status == "failed" else status,
-                output=root.output or "",
-                error=root.error,
-            )
+            end = root_end(root)
             if session.status != root.status:
                 async with self._driver.lease(session_id):
                     await self._driver.record(session_id, end)
@@ -479,6 +479,7 @@ class Runtime:
             load,
             task=session.task,
             resumed=True,
+            ended=ended_root(self.store, session_id, continuing=stopped is not None),
         )
 
     async def send(

@@ -4,6 +4,10 @@ Driving a session, in order:
 
 1. Refuse if this runtime already drives it (``SessionBusyError``), then take its lease in
    the store (another live process has it: ``SessionBusyError``).
+   Under the lease, ask the caller whether the session has ended meanwhile (another
+   process finished it after the caller last read it: a duplicate or recovered DBOS
+   workflow meets this): then write nothing but a missing end, give the lease back and
+   return that end. A finished session is never re-opened.
 2. Record ``running`` and run the body, while a sibling task renews the lease every third
    of its ttl.
 3. The body returns how the session ended (``SessionEnd``); an exception from it is a
@@ -99,9 +103,12 @@ class SessionDriver:
         result: Callable[[SessionEnd], Awaitable[R]],
         task: str = "",
         resumed: bool = False,
+        ended: Callable[[], Awaitable[SessionEnd | None]] | None = None,
     ) -> R:
         """Drive ``session_id`` through ``body`` under its lease, record its end and return
-        ``result(end)``, announcing the drive on the event bus.
+        ``result(end)``, announcing the drive on the event bus. ``ended``: read under the
+        lease before anything is written, the session's end if it has one already (then
+        ``body`` does not run).
 
         Raises:
             SessionBusyError: another driver (here or in another process) has the session.
@@ -110,7 +117,7 @@ class SessionDriver:
         async with SessionAnnouncer(self.events, session_id, self.on_event) as announcer:
             announcer.started(task, resumed=resumed)
             try:
-                outcome = await result(await self._drive_leased(session_id, body))
+                outcome = await result(await self._drive_leased(session_id, body, ended))
             except BaseException as error:
                 announcer.failed(error)
                 raise
@@ -118,7 +125,10 @@ class SessionDriver:
             return outcome
 
     async def _drive_leased(
-        self, session_id: str, body: Callable[[], Awaitable[SessionEnd]]
+        self,
+        session_id: str,
+        body: Callable[[], Awaitable[SessionEnd]],
+        ended: Callable[[], Awaitable[SessionEnd | None]] | None,
     ) -> SessionEnd:
         store = self.store
         end: SessionEnd | None = None
@@ -143,6 +153,12 @@ class SessionDriver:
                     return
 
         async with self.lease(session_id):
+            already = await ended() if ended is not None else None
+            if already is not None:
+                session = await store.get_session(session_id)
+                if session is None or session.status != already.status or not session.finished:
+                    await self.record(session_id, already)  # its process stopped before
+                return already
             try:
                 await store.set_session_status(session_id, "running")
                 async with anyio.create_task_group() as group:
