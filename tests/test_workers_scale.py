@@ -115,6 +115,17 @@ async def _stop_inside_a_lease_lock(dsn: str, proc: subprocess.Popen[str]) -> No
             await anyio.sleep(0.01)
 
 
+def _unfinished(dsn: str, sessions: list[str]) -> list[str]:
+    """Those of ``sessions`` whose latest status is ``running``."""
+    found = rows(
+        dsn,
+        "SELECT DISTINCT ON (session_id) session_id, status FROM session_events "
+        "WHERE session_id = ANY(?) ORDER BY session_id, id DESC",
+        (sessions,),
+    )
+    return [str(r[0]) for r in found if r[1] == "running"]
+
+
 def _started_unfinished(dsn: str, sessions: list[str]) -> frozenset[str]:
     found = rows(
         dsn,
@@ -243,7 +254,8 @@ async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
                 victim, executor = procs[index], f"w{index + 1}"
                 try:
                     await _stop_inside_a_lease_lock(postgres_dsn, victim)
-                    taken = held_by(postgres_dsn, victim.pid)
+                    # its unfinished sessions (one it finished may be caught unreleased)
+                    taken = _unfinished(postgres_dsn, held_by(postgres_dsn, victim.pid))
                     assert taken
                     in_flight = _started_unfinished(postgres_dsn, taken)
 

@@ -6,10 +6,12 @@ launch re-enqueue the sessions this executor id left pending (a restart under sy
 StatefulSet keeps its id).
 
 What this adds, because open-source DBOS recovers a dead executor's workflows only when an
-executor with the same id comes back: every worker heartbeats into ``workers``; each one
-looks for executors whose heartbeat is older than ``dead_after`` and hands their pending
-sessions back to the queue with DBOS's own recovery (idempotent: it only moves workflows
-still pending on the dead executor). Separately, each one looks for sessions whose lease
+executor with the same id comes back: every worker heartbeats into ``workers`` and renews
+its leases from a thread and connection of their own while its event loop turns
+(``_liveness``: a busy worker is not a dead one); each one looks for executors whose
+heartbeat is older than ``dead_after`` and hands their pending sessions back to the queue
+with DBOS's own recovery (idempotent: it only moves workflows still pending on the dead
+executor). Separately, each one looks for sessions whose lease
 expired unreleased (the worker driving them stalled: its event loop stuck, its process
 stopped) and hands each such session back the same way, one workflow at a time, whether or
 not that worker's heartbeat has expired yet. A worker that stalled and comes back is
@@ -38,7 +40,8 @@ from anabranch.runtime._dispatch import (
     redacting_filter,
     set_serving_runtime,
 )
-from anabranch.store.postgres import PostgresStore, WorkerRegistry
+from anabranch.runtime._liveness import Liveness
+from anabranch.store.postgres import PostgresStore, Pulse, WorkerRegistry
 
 __all__ = ["WorkerOptions", "default_executor_id", "serve"]
 
@@ -100,6 +103,9 @@ async def serve(
     dead_after = options.dead_after if options.dead_after is not None else runtime.lease_ttl
     registry = WorkerRegistry(store)
     await registry.beat(executor_id, options.queue)
+    pulse = Pulse(dsn, executor_id, options.queue, runtime._owner, runtime.lease_ttl)
+    # the loop may lag up to half a lease: its leases still have the other half to run
+    liveness = Liveness(pulse, interval=options.heartbeat, stall_after=runtime.lease_ttl / 2)
     _quiet_dbos_logs(dsn)
     DBOS(
         config={
@@ -128,14 +134,16 @@ async def serve(
             polling_interval_sec=options.polling_interval,
             on_conflict="always_update",
         )
+        liveness.start()
         if on_ready is not None:
             on_ready(executor_id)
         async with anyio.create_task_group() as group:
-            group.start_soon(_heartbeat, registry, executor_id, options, dead_after)
+            group.start_soon(_look_for_the_dead, registry, executor_id, options, dead_after)
             await (stop or anyio.Event()).wait()
             group.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(liveness.stop)  # before the stopping beat below
             await anyio.to_thread.run_sync(_destroy)
             set_serving_runtime(None)
             # hand this worker's unfinished sessions to the others at once
@@ -146,23 +154,22 @@ def _destroy() -> None:
     DBOS.destroy(destroy_registry=False)
 
 
-async def _heartbeat(
+async def _look_for_the_dead(
     registry: WorkerRegistry, executor_id: str, options: WorkerOptions, dead_after: float
 ) -> None:
+    """Every heartbeat interval, on the loop (this worker's own heartbeat is ``Liveness``'s,
+    on a thread: a slow look here delays only the recovery of others)."""
     while True:
         try:
-            await _beat_and_recover(registry, executor_id, options, dead_after)
+            await _recover_the_dead(registry, executor_id, dead_after)
         except StoreError as error:
             # e.g. this process was frozen and the server ended its connection (the store's
-            # stall timeout): the next beat reconnects
-            log.warning("heartbeat failed, trying again: %s", error)
+            # stall timeout): the next look reconnects
+            log.warning("looking for dead workers failed, trying again: %s", error)
         await anyio.sleep(options.heartbeat)
 
 
-async def _beat_and_recover(
-    registry: WorkerRegistry, executor_id: str, options: WorkerOptions, dead_after: float
-) -> None:
-    await registry.beat(executor_id, options.queue)
+async def _recover_the_dead(registry: WorkerRegistry, executor_id: str, dead_after: float) -> None:
     for dead in await registry.dead(executor_id, dead_after):
         handles = await anyio.to_thread.run_sync(_recover, dead)
         log.warning("worker %s is dead: %d sessions back on the queue", dead, handles)

@@ -7,12 +7,73 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
-from anabranch.store.postgres._connection import NOW, Tx
+import psycopg
+
+from anabranch.store.postgres._connection import NOW, Conn, Tx, connect, store_error
 
 if TYPE_CHECKING:
     from anabranch.store.postgres._store import PostgresStore
 
-__all__ = ["WorkerRegistry"]
+__all__ = ["Pulse", "WorkerRegistry"]
+
+
+def _beat_sql(beat: str) -> str:
+    return (
+        "INSERT INTO workers (executor_id, host, pid, queue, started, heartbeat) VALUES "
+        f"(%(executor_id)s, %(host)s, %(pid)s, %(queue)s, %(started)s, {beat}) "
+        "ON CONFLICT (executor_id) DO UPDATE SET host = EXCLUDED.host, "
+        "pid = EXCLUDED.pid, queue = EXCLUDED.queue, heartbeat = EXCLUDED.heartbeat, "
+        "recovered_by = NULL"
+    )
+
+
+def _worker_row(executor_id: str, queue: str) -> dict[str, object]:
+    return {
+        "executor_id": executor_id,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "queue": queue,
+        "started": time.time(),
+    }
+
+
+# Renew, of ``owner``'s unreleased leases, those due (less than two thirds of the ttl left),
+# skipping rows another transaction has locked (this process's own writer, mid-commit: due
+# again at the next pulse), so a pulse never waits and never deadlocks with that writer.
+_RENEW = (
+    f"UPDATE leases SET expires = {NOW} + %(ttl)s WHERE session_id IN (SELECT session_id "
+    f"FROM leases WHERE owner = %(owner)s AND expires > 0 AND expires < {NOW} + %(due)s "
+    "FOR UPDATE SKIP LOCKED)"
+)
+
+
+class Pulse:
+    """A worker's heartbeat and the renewal of its leases on a connection of their own,
+    for a thread of their own (``runtime._liveness``): neither waits behind the store's
+    writer queue, reader or event loop. Used by one thread at a time."""
+
+    def __init__(self, dsn: str, executor_id: str, queue: str, owner: str, ttl: float) -> None:
+        self._dsn = dsn
+        self._row = _worker_row(executor_id, queue)
+        self._lease = {"owner": owner, "ttl": ttl, "due": ttl * 2 / 3}
+        self._conn: Conn | None = None
+
+    def beat(self) -> int:
+        """Record the heartbeat, renew the due leases; how many were renewed. Raises the
+        driver's error (the connection is opened again on the next beat)."""
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            conn = self._conn = connect(self._dsn, application_name="anabranch-liveness")
+        try:
+            conn.execute(_beat_sql(NOW), self._row)
+            return conn.execute(_RENEW, self._lease).rowcount
+        except psycopg.Error as exc:
+            raise store_error(exc) from exc
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 class WorkerRegistry:
@@ -24,24 +85,11 @@ class WorkerRegistry:
     async def beat(self, executor_id: str, queue: str, *, stopping: bool = False) -> None:
         """Record that ``executor_id`` is alive (or, ``stopping``, that it just stopped:
         its sessions can be recovered at once)."""
-        values = {
-            "executor_id": executor_id,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "queue": queue,
-            "started": time.time(),
-        }
-        beat = "0" if stopping else NOW
+        values = _worker_row(executor_id, queue)
+        sql = _beat_sql("0" if stopping else NOW)
 
         def write(tx: Tx) -> None:
-            tx.send(
-                "INSERT INTO workers (executor_id, host, pid, queue, started, heartbeat) VALUES "
-                f"(%(executor_id)s, %(host)s, %(pid)s, %(queue)s, %(started)s, {beat}) "
-                "ON CONFLICT (executor_id) DO UPDATE SET host = EXCLUDED.host, "
-                "pid = EXCLUDED.pid, queue = EXCLUDED.queue, heartbeat = EXCLUDED.heartbeat, "
-                "recovered_by = NULL",
-                values,
-            )
+            tx.send(sql, values)
 
         await self._store._connections.write(write)
 
