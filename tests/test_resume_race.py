@@ -5,14 +5,17 @@ ended, never drive the stale copy it read, call the model or start a second root
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
-from anabranch import Agent, Runtime
+from anabranch import Agent, Graph, GraphResult, Runtime, Task, tool
 from anabranch.errors import ModelConnectionError
-from anabranch.messages import ModelRequest
+from anabranch.messages import ModelRequest, ToolUseBlock
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime import RunResult
 from anabranch.store import PostgresStore, SQLiteStore
@@ -122,15 +125,40 @@ async def test_a_late_resume_of_a_finished_session_writes_nothing_and_releases_i
     assert first.status == "failed"  # unfinished and resumable
     sid = first.session_id
 
+    finished, result = await _late_and_live(db, sid, agents=[agent])
+    statuses = [
+        r[0]
+        for r in rows(
+            db, "SELECT status FROM session_events WHERE session_id = ? ORDER BY id", (sid,)
+        )
+    ]
+    assert finished.status == "done"
+    assert result.status == "done" and result.output == "the answer", result.error
+    assert statuses[-1] == "done" and statuses.count("done") == 1, statuses
+
+
+async def _late_and_live(
+    db: Path | str,
+    sid: str,
+    *,
+    agents: Sequence[Agent] = (),
+    graphs: Sequence[Graph] = (),
+    answer: Callable[[ModelRequest], Any] = _answer,
+) -> tuple[RunResult, RunResult]:
+    """A resume of ``sid`` held between its reads and its lease while another runtime
+    finishes the session; (the finishing result, the late one). The late runtime refuses
+    model calls, and its lease is checked given back."""
+    target = db if is_postgres(db) else Path(db)
     waiting, go = anyio.Event(), anyio.Event()
     late: list[RunResult] = []
     opened = await (GatedPostgresStore.open(str(db)) if is_postgres(db) else GatedStore.open(db))
     assert isinstance(opened, (GatedStore, GatedPostgresStore))
     opened.gate = (waiting, go)
+    model, refuse = FunctionModel(answer), FunctionModel(_refuse)
     async with (
         opened as gated,
-        Runtime(store=gated, model=FunctionModel(_refuse), agents=[agent]) as stale,
-        Runtime(db=target, model=FunctionModel(_answer), agents=[agent]) as live,
+        Runtime(store=gated, model=refuse, agents=agents, graphs=graphs) as stale,
+        Runtime(db=target, model=model, agents=agents, graphs=graphs) as live,
     ):
         with anyio.fail_after(60):
             async with anyio.create_task_group() as group:
@@ -139,18 +167,50 @@ async def test_a_late_resume_of_a_finished_session_writes_nothing_and_releases_i
                     late.append(await stale.resume(sid))
 
                 group.start_soon(resume_late)
-                await waiting.wait()
+                await waiting.wait()  # it has read the session, not yet leased it
                 finished = await live.resume(sid)
                 go.set()
-        holder = await live.store.lease_holder(sid)
+        assert await live.store.lease_holder(sid) is None
+    return finished, late[0]
+
+
+async def test_a_late_resume_of_a_finished_graph_writes_nothing(db: Path | str) -> None:
+    """The same for a graph session (cancelled mid-task, then resumed twice at once)."""
+    blocked, allow = anyio.Event(), [False]
+
+    @tool(timeout=30)
+    async def step() -> str:
+        """Block until allowed."""
+        if not allow[0]:
+            blocked.set()
+            await anyio.sleep_forever()
+        return "stepped"
+
+    def answer(request: ModelRequest) -> Any:
+        if not any(m.role == "assistant" for m in request.messages):
+            return [ToolUseBlock(id="toolu_step", name="step", input={})]
+        return "the answer"
+
+    agent = Agent(name="stepper", instructions="Step.", tools=[step])
+    graph = Graph(tasks=[Task(id="only", agent=agent, prompt="go")], name="stepping")
+    target = db if is_postgres(db) else Path(db)
+    sessions: list[str] = []
+    async with Runtime(db=target, model=FunctionModel(answer)) as rt:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(partial(rt.run_graph, graph, on_session=sessions.append))
+                await blocked.wait()
+                group.cancel_scope.cancel()
+    allow[0] = True
+    (sid,) = sessions
+    finished, result = await _late_and_live(db, sid, graphs=[graph], answer=answer)
     statuses = [
         r[0]
         for r in rows(
             db, "SELECT status FROM session_events WHERE session_id = ? ORDER BY id", (sid,)
         )
     ]
-    assert finished.status == "done"
-    (result,) = late
-    assert result.status == "done" and result.output == "the answer", result.error
+    assert isinstance(finished, GraphResult) and finished.status == "done"
+    assert isinstance(result, GraphResult) and result.status == "done", result.error
+    assert result.output == "the answer"
     assert statuses[-1] == "done" and statuses.count("done") == 1, statuses
-    assert holder is None
