@@ -2,7 +2,7 @@
 insert floor and one process on SQLite.
 
     python bench/workers.py [--sessions 1000,10000] [--workers 1,2,4] [--latency 0.2]
-                            [--out FILE]
+                            [--out FILE] [--no-sqlite]
 
 Every session is the concurrency benchmark's root agent (``bench/concurrency.py``, mix
 ``root``): 10 model calls answered after ``latency`` seconds by a prebuilt response, 9 tool
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -150,6 +151,33 @@ async def enqueue_all(dsn: str, count: int) -> list[str]:
     return ids
 
 
+FAILOVER_SQL = """
+SELECT
+  count(*) FILTER (WHERE last = 'done'),
+  count(*) FILTER (WHERE reopened),
+  (SELECT count(*) FROM anabranch.leases WHERE epoch > 1)
+FROM (
+  SELECT s.id,
+    (SELECT status FROM anabranch.session_events e WHERE e.session_id = s.id
+     ORDER BY id DESC LIMIT 1) AS last,
+    EXISTS (SELECT 1 FROM anabranch.session_events d JOIN anabranch.session_events r
+            ON r.session_id = d.session_id AND r.id > d.id
+            WHERE d.session_id = s.id AND d.status = 'done' AND r.status = 'running') AS reopened
+  FROM anabranch.sessions s
+) per_session
+"""
+"""Sessions whose latest status is done; sessions with a ``running`` row after a ``done``
+(a finished session re-opened); sessions whose lease was taken again after the first
+time (a takeover, or a second drive)."""
+
+
+def recoveries(log: str) -> int:
+    """Sessions a worker's log says it handed back to the queue (a dead worker's, or one
+    whose lease expired), during the trial or at its end."""
+    dead = sum(int(n) for n in re.findall(r"is dead: (\d+) sessions back on the queue", log))
+    return dead + log.count("back on the queue") - log.count("sessions back on the queue")
+
+
 async def done_count(dsn: str) -> int:
     import psycopg
 
@@ -226,9 +254,13 @@ async def trial(cluster: Cluster, sessions: int, workers: int, latency: float) -
         ok_calls = conn.execute(
             "SELECT count(*) FROM anabranch.call_outcomes WHERE status = 'ok'"
         ).fetchone()[0]  # type: ignore[index]
-        done = conn.execute(
+        done_rows = conn.execute(
             "SELECT count(*) FROM anabranch.session_events WHERE status = 'done'"
         ).fetchone()[0]  # type: ignore[index]
+        failover = conn.execute(FAILOVER_SQL).fetchone()
+        assert failover is not None
+        done, reopened, reacquired = failover
+    recovered = sum(recoveries((workdir / f"w{i}.log").read_text()) for i in range(workers))
     ideal = concurrency.CALLS_PER_RUN * latency
     return {
         "workers": workers,
@@ -242,7 +274,13 @@ async def trial(cluster: Cluster, sessions: int, workers: int, latency: float) -
         "worker_cpu_ms_per_model_call": worker_cpu / max(ok_calls, 1) * 1e3,
         "postgres_cpu_ms_per_model_call": pg_cpu / max(ok_calls, 1) * 1e3,
         "sessions_done": done,
-        "all_complete": done == sessions and ok_calls == sessions * concurrency.CALLS_PER_RUN,
+        "done_rows": done_rows,
+        "sessions_reopened_after_done": reopened,
+        "sessions_leased_again": reacquired,
+        "recoveries_logged": recovered,
+        "all_complete": done == sessions
+        and done_rows == sessions
+        and ok_calls == sessions * concurrency.CALLS_PER_RUN,
     }
 
 
@@ -281,6 +319,7 @@ async def run_size(
     latency: float,
     out: dict[str, Any],
     save: Callable[[], None],
+    sqlite: bool = True,
 ) -> None:
     """Every worker count at ``sessions`` concurrent agents, then one SQLite process, into
     ``out`` (``save`` writes the figures so far after each)."""
@@ -302,6 +341,8 @@ async def run_size(
             f"{result['all_complete']}",
             flush=True,
         )
+    if not sqlite:
+        return
     out["sqlite_one_process"] = await sqlite_figures(sessions, latency)
     save()
     print(f"SQLite, one process, {sessions} sessions: {out['sqlite_one_process']}", flush=True)
@@ -329,7 +370,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for sessions in sizes:
             figures: dict[str, Any] = {}
             out["sizes"][str(sessions)] = figures
-            await run_size(cluster, sessions, counts, args.latency, figures, save)
+            await run_size(
+                cluster, sessions, counts, args.latency, figures, save, sqlite=not args.no_sqlite
+            )
     out["load_average_end"] = os.getloadavg()
     save()
     return out
@@ -341,6 +384,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--out", default=str(ROOT / "bench" / "workers.json"))
+    parser.add_argument("--no-sqlite", action="store_true", help="skip the SQLite figures")
     args = parser.parse_args()
     anyio.run(run, args)
     print(f"wrote {args.out}")

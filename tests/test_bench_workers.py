@@ -25,6 +25,8 @@ async def test_the_workers_benchmark_runs_every_session_to_the_end(
     assert result["sessions_done"] == 3
     assert result["model_calls"] == 3 * concurrency.CALLS_PER_RUN
     assert result["all_complete"]
+    assert result["done_rows"] == 3 and result["sessions_reopened_after_done"] == 0
+    assert result["sessions_leased_again"] == 0 and result["recoveries_logged"] == 0
     assert result["worker_cpu_ms_per_model_call"] > 0
     bound = workers.lower_bound(result, cores=2)
     per_call = result["worker_cpu_ms_per_model_call"] + result["postgres_cpu_ms_per_model_call"]
