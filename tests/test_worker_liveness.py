@@ -149,3 +149,24 @@ async def test_a_busy_worker_keeps_its_sessions_and_a_stuck_one_loses_them(
     assert [r.status for r in results] == ["done"] * 6
     lines = effects.read_text().split("\n")[:-1]
     assert not [line for line in lines if "AGAIN" in line], "a finished tool ran again"
+
+
+def test_a_heartbeat_too_slow_for_the_lease_is_one_line_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """Each beat renews the leases: a heartbeat over a third of the ttl is refused."""
+    defs = tmp_path / "defs.py"
+    defs.write_text("from anabranch import Agent\nhelper = Agent(name='helper')\n")
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "anabranch", "worker", str(defs)),
+            *("--db", "postgresql://nobody@127.0.0.1:1/none", "--lease-ttl", "2"),
+            *("--heartbeat", "1"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "at most a third of --lease-ttl" in lines[0], done.stderr

@@ -99,7 +99,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
         heartbeat=args.heartbeat,
         dead_after=args.dead_after,
     )
-    options.validate()
+    options.validate(args.lease_ttl)
     stop = anyio.Event()
 
     def ready(executor_id: str) -> None:

@@ -71,7 +71,13 @@ class WorkerOptions:
     polling_interval: float = 0.2
     """How often DBOS looks for sessions to start on the queue."""
 
-    def validate(self) -> None:
+    def validate(self, lease_ttl: float | None = None) -> None:
+        """Raise ``UserError`` for a bad option (``lease_ttl``: the runtime's, if known)."""
+        if lease_ttl is not None and self.heartbeat > lease_ttl / 3:
+            raise UserError(
+                f"--heartbeat ({self.heartbeat:g} s) must be at most a third of --lease-ttl "
+                f"({lease_ttl:g} s): each beat renews the worker's leases"
+            )
         if not self.queue or not self.queue.replace("-", "").replace("_", "").isalnum():
             raise UserError(f"queue names are letters, digits, '-' and '_', got {self.queue!r}")
         if self.concurrency < 1:
@@ -93,7 +99,7 @@ async def serve(
     stop: anyio.Event | None = None,
 ) -> None:
     """Run queued sessions with ``runtime`` (open, on PostgreSQL) until ``stop`` is set."""
-    options.validate()
+    options.validate(runtime.lease_ttl)
     if sniffio.current_async_library() != "asyncio":
         raise UserError("anabranch worker runs on asyncio only (DBOS runs workflows on asyncio)")
     store = runtime.store
