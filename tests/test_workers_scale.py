@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import anyio
@@ -101,6 +102,10 @@ def _locks_lease_rows(dsn: str, pid: int) -> bool:
     return bool(found[0][0])
 
 
+async def _open_lock_gone(dsn: str, pid: int) -> bool:
+    return not await anyio.to_thread.run_sync(_locks_lease_rows, dsn, pid)
+
+
 async def _stop_inside_a_lease_lock(dsn: str, proc: subprocess.Popen[str]) -> None:
     """SIGSTOP ``proc`` while one of its transactions holds lease rows locked: the worst
     point for a takeover, as a worker frozen there keeps those locks. Stopped and let go
@@ -126,13 +131,18 @@ def _unfinished(dsn: str, sessions: list[str]) -> list[str]:
     return [str(r[0]) for r in found if r[1] == "running"]
 
 
-def _started_unfinished(dsn: str, sessions: list[str]) -> frozenset[str]:
+def _started_unfinished(dsn: str, sessions: list[str], before: float) -> frozenset[str]:
+    """Calls of ``sessions`` whose ``started`` event was made before ``before`` (this host's
+    clock) and no ``finished`` one: those a process stopped then may have been inside.
+    Read by when each event was made, not by what was committed at the stop: the stopped
+    process's last COMMIT may still reach the server just after it."""
     found = rows(
         dsn,
         "SELECT t.call_id FROM tool_events t JOIN runs r ON r.id = t.run_id WHERE "
-        f"r.session_id IN ({', '.join('?' * len(sessions))}) GROUP BY t.call_id "
-        "HAVING bool_and(t.event <> 'finished')",
-        tuple(sessions),
+        "r.session_id = ANY(?) GROUP BY t.call_id HAVING "
+        "bool_or(t.event = 'started' AND t.created < ?) "
+        "AND NOT bool_or(t.event = 'finished' AND t.created < ?)",
+        (sessions, before, before),
     )
     return frozenset(str(r[0]) for r in found)
 
@@ -254,10 +264,15 @@ async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
                 victim, executor = procs[index], f"w{index + 1}"
                 try:
                     await _stop_inside_a_lease_lock(postgres_dsn, victim)
-                    # its unfinished sessions (one it finished may be caught unreleased)
+                    stopped, stopped_at = anyio.current_time(), time.time()
+                    # its open transaction ends (the server ends it after a ttl, or the
+                    # COMMIT it had sent lands); then its unfinished sessions are known
+                    # (one it finished may be caught with its lease unreleased)
+                    await poll(
+                        lambda: _open_lock_gone(postgres_dsn, victim.pid), deadline=ttl + 8
+                    )
                     taken = _unfinished(postgres_dsn, held_by(postgres_dsn, victim.pid))
                     assert taken
-                    in_flight = _started_unfinished(postgres_dsn, taken)
 
                     async def taken_over() -> bool:
                         holders = rows(
@@ -270,7 +285,7 @@ async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
 
                     # the bound: lease ttl, a heartbeat, DBOS's queue poll, and slack for
                     # a loaded machine
-                    await poll(taken_over, deadline=ttl + 8)
+                    await poll(taken_over, deadline=ttl + 8 - (anyio.current_time() - stopped))
                     with anyio.fail_after(120):
                         results = [await rt.wait(session_id) for session_id in ids]
                     before = table_counts(postgres_dsn)
@@ -292,6 +307,7 @@ async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
     assert [r.status for r in results] == ["done"] * 6
     assert all(r.output.startswith("Report on: survey topic") for r in results)
     assert after == before, "the stalled worker wrote after it came back"
+    in_flight = _started_unfinished(postgres_dsn, ids, stopped_at)
     _check_taken_over(postgres_dsn, effects, server, taken, victim.pid, in_flight)
 
 
