@@ -21,7 +21,7 @@ from anabranch import Runtime
 from anabranch.runtime._loader import load_object
 from anabranch.testing import MessagesServer, TestModel
 from tests.databases import rows
-from tests.test_workers import DEFINITIONS, held_by, midway, poll, workers
+from tests.test_workers import DEFINITIONS, held_by, midway, poll, stop_workers, workers
 from tests.test_workers_scale import DB_NOW, _env
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -52,14 +52,7 @@ def _held_writer_worker(
         yield proc
     finally:
         flag.with_suffix(".go").touch()  # its loop turns again, if it was stopped
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        if proc.stderr is not None:
-            proc.stderr.close()
+        stop_workers([proc])
 
 
 def _finished(dsn: str, session_id: str) -> bool:

@@ -105,17 +105,22 @@ def workers(
             assert "serving queue anabranch" in line, line + proc.stderr.read()
         yield procs
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-            if proc.stderr is not None:
-                proc.stderr.close()
+        stop_workers(procs)
+
+
+def stop_workers(procs: list[subprocess.Popen[str]]) -> None:
+    """SIGTERM each worker still running, then wait for each (SIGKILL after 30 s)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 @asynccontextmanager
