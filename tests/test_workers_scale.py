@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -64,7 +65,7 @@ def _defs(tmp_path: Path) -> Path:
     return defs
 
 
-async def _stopped(pid: int) -> bool:
+def _stopped(pid: int) -> bool:
     """The kernel has stopped ``pid`` (state ``T``)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
@@ -88,36 +89,57 @@ def _local_ports(pid: int) -> list[int]:
     return ports
 
 
+LOCKS_LEASE_ROWS = (
+    "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
+    "JOIN pg_class c ON c.oid = l.relation WHERE a.datname = current_database() "
+    "AND a.state = 'idle in transaction' AND c.relname = 'leases' AND l.granted "
+    "AND a.client_port = ANY(%s)"
+)
+"""Whether one of the given client ports' database sessions is inside a transaction,
+waiting for its client, with lease rows locked (a batch's lease check, a renewal or a
+takeover under way)."""
+
+
 def _locks_lease_rows(dsn: str, pid: int) -> bool:
-    """One of ``pid``'s database sessions is inside a transaction, waiting for its client,
-    with lease rows locked (a batch's lease check, a renewal or a takeover under way)."""
-    found = rows(
-        dsn,
-        "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
-        "JOIN pg_class c ON c.oid = l.relation WHERE a.datname = current_database() "
-        "AND a.state = 'idle in transaction' AND c.relname = 'leases' AND l.granted "
-        "AND a.client_port = ANY(?)",
-        (_local_ports(pid),),
-    )
-    return bool(found[0][0])
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return _locked(conn, pid)
+
+
+def _locked(conn: Any, pid: int) -> bool:
+    row = conn.execute(LOCKS_LEASE_ROWS, (_local_ports(pid),)).fetchone()
+    return bool(row[0])
 
 
 async def _open_lock_gone(dsn: str, pid: int) -> bool:
     return not await anyio.to_thread.run_sync(_locks_lease_rows, dsn, pid)
 
 
+def _catch_inside_a_lease_lock(dsn: str, pid: int, deadline: float) -> None:
+    """SIGSTOP ``pid`` until it is caught with one of its transactions holding lease rows
+    locked: stopped, looked at, let go if it is not, and let run again at least as long as
+    that took (so its sessions keep most of their pace) before the next try."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            tried = time.monotonic()
+            os.kill(pid, signal.SIGSTOP)
+            while not _stopped(pid):
+                time.sleep(0.001)
+            if _locked(conn, pid):
+                return
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(max(0.02, time.monotonic() - tried))  # the tries' pace, no ordering
+    raise TimeoutError(f"worker {pid} was never caught inside a lease lock")
+
+
 async def _stop_inside_a_lease_lock(dsn: str, proc: subprocess.Popen[str]) -> None:
     """SIGSTOP ``proc`` while one of its transactions holds lease rows locked: the worst
-    point for a takeover, as a worker frozen there keeps those locks. Stopped and let go
-    again until it is caught at such a point (the worker runs on meanwhile)."""
-    with anyio.fail_after(60):
-        while True:
-            proc.send_signal(signal.SIGSTOP)
-            await poll(lambda: _stopped(proc.pid), deadline=10)
-            if await anyio.to_thread.run_sync(_locks_lease_rows, dsn, proc.pid):
-                return
-            proc.send_signal(signal.SIGCONT)
-            await anyio.sleep(0.01)
+    point for a takeover, as a worker frozen there keeps those locks."""
+    deadline = time.monotonic() + 60
+    await anyio.to_thread.run_sync(_catch_inside_a_lease_lock, dsn, proc.pid, deadline)
 
 
 def _unfinished(dsn: str, sessions: list[str]) -> list[str]:
