@@ -28,6 +28,7 @@ from anabranch.runtime._builtins import ToolOutcome
 from anabranch.runtime._context_view import ContextView, Ingested
 from anabranch.runtime._loop import INTERRUPTED_REPORT, AgentRun
 from anabranch.runtime._pipeline import PassThroughPipeline
+from anabranch.store.sqlite._rows import hex_text
 from anabranch.testing import FunctionModel
 from tests.databases import Db, rows, table_counts
 
@@ -142,7 +143,7 @@ async def test_request_in_flight_is_sent_again_identically(db: Db) -> None:
     in_flight = rows(
         db,
         "SELECT c.id, c.fingerprint FROM calls c LEFT JOIN call_outcomes o ON o.call_id = c.id "
-        "WHERE o.id IS NULL",
+        "WHERE o.call_id IS NULL",
     )
     assert len(in_flight) == 1
 
@@ -154,7 +155,8 @@ async def test_request_in_flight_is_sent_again_identically(db: Db) -> None:
     assert result.output == "answer: toolu_a=fetch(x) ok"
     # Byte-identical: same snapshot, same messages, same parameters (cache-friendly).
     assert after.requests[0] == before.requests[-1]
-    assert after.requests[0].fingerprint() == in_flight[0][1]
+    stored = in_flight[0][1]  # SQLite keeps the digest as its 32 bytes
+    assert after.requests[0].fingerprint() == hex_text(stored)
     # The cut-off call is closed as interrupted, and the tool did not run again.
     outcome = rows(db, "SELECT status FROM call_outcomes WHERE call_id = ?", (in_flight[0][0],))
     assert outcome == [("interrupted",)]

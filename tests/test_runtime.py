@@ -170,7 +170,7 @@ async def test_everything_is_committed_before_each_request(tmp_path: Path) -> No
         open_calls = _rows(
             db,
             "SELECT c.message_count FROM calls c LEFT JOIN call_outcomes o ON o.call_id = c.id "
-            "WHERE o.id IS NULL",
+            "WHERE o.call_id IS NULL",
         )
         assert len(messages) == len(request.messages)
         _, stored = await load_messages(rt.store, str(messages[0][1]))
@@ -186,7 +186,9 @@ async def test_everything_is_committed_before_each_request(tmp_path: Path) -> No
         """Check the assistant turn is committed before the tool runs."""
         rows = _rows(db, "SELECT role FROM messages ORDER BY seq DESC LIMIT 1")
         assert rows == [("assistant",)]
-        outcomes = _rows(db, "SELECT status, usage FROM call_outcomes ORDER BY id DESC LIMIT 1")
+        outcomes = _rows(
+            db, "SELECT status, usage FROM call_outcomes ORDER BY call_id DESC LIMIT 1"
+        )
         assert outcomes[0][0] == "ok" and "input_tokens" in str(outcomes[0][1])
         return text
 

@@ -51,6 +51,12 @@ def test_a_database_error_is_a_store_error() -> None:
     assert issubclass(DatabaseError, StoreError)
 
 
+def _finished(content: str) -> ToolEventRecord:
+    return ToolEventRecord(
+        run_id="run_1", call_id="toolu_1", name="t", event="finished", created=1.0, content=content
+    )
+
+
 @pytest.mark.parametrize("version", [1, 2, 8])
 async def test_a_migrated_store_searches_results_stored_as_references(
     backend: Backend, version: int
@@ -62,16 +68,7 @@ async def test_a_migrated_store_searches_results_stored_as_references(
     store = await backend.open()
     await add_session(store)
     await add_run(store)
-    await store.record_tool_event(
-        ToolEventRecord(
-            run_id="run_1",
-            call_id="toolu_1",
-            name="t",
-            event="finished",
-            created=1.0,
-            content="narwhals surface",
-        )
-    )
+    await store.record_tool_event(_finished("narwhals surface"))
     ref = {"type": "tool_result", "tool_use_id": "toolu_1", "ref": "tool_event"}
     await store.append_messages(
         [MessageRecord(run_id="run_1", seq=0, role="user", content=json.dumps([ref]))]
@@ -79,12 +76,12 @@ async def test_a_migrated_store_searches_results_stored_as_references(
     assert [h.ref for h in await store.search_history("run_1", "narwhals")] == ["0"]
 
 
-@pytest.mark.parametrize("version", [1, 4, 10])
+@pytest.mark.parametrize("version", [1, 4, 11])
 async def test_a_migrated_store_reads_and_searches_spills_stored_as_references(
     backend: Backend, version: int
 ) -> None:
     """Migrated forward, a spill equal to its call's finished event is read back whole and
-    searched by the event's text; a spill stored before the migration reads as before."""
+    searched by the event's text; a spill that is no event's keeps its own."""
     if version >= backend.schema_version:
         pytest.skip("no such older version")
     await backend.make_old(version)
@@ -92,16 +89,7 @@ async def test_a_migrated_store_reads_and_searches_spills_stored_as_references(
     await add_session(store)
     await add_run(store)
     await store.save_spill("spill_old", "run_1", "toolu_0", "beluga whistles")
-    await store.record_tool_event(
-        ToolEventRecord(
-            run_id="run_1",
-            call_id="toolu_1",
-            name="t",
-            event="finished",
-            created=1.0,
-            content="orcas hunt",
-        )
-    )
+    await store.record_tool_event(_finished("orcas hunt"))
     await store.save_spill("spill_1", "run_1", "toolu_1", "orcas hunt")
     assert await store.get_spill("spill_1") == "orcas hunt"
     assert await store.get_spill("spill_old") == "beluga whistles"

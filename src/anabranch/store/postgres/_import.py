@@ -34,6 +34,7 @@ TABLES = (
 tool events before messages and spills, whose search text may read them (a reference to a
 result or a spilled output)."""
 BOOLEAN_COLUMNS = {("tool_events", "is_error")}
+HEX_COLUMNS = {("calls", "fingerprint"), ("run_spans", "trace_id"), ("run_spans", "span_id")}
 SERIALS = [(table, "id") for table in TABLES if table not in ("sessions", "runs", "spills")] + [
     ("runs", "ord")
 ]
@@ -103,6 +104,24 @@ def _sqlite_meta(src: sqlite3.Connection, source: Path) -> dict[str, str]:
         raise DatabaseError(f"{source} is not an anabranch database: {exc}") from exc
 
 
+def _value(table: str, column: str, value: Any) -> Any:
+    """A SQLite value as the PostgreSQL column takes it (booleans; the hex ids the file
+    keeps as the bytes they spell are hex text)."""
+    if (table, column) in BOOLEAN_COLUMNS:
+        return bool(value)
+    if isinstance(value, bytes) and (table, column) in HEX_COLUMNS:
+        return value.hex()
+    return value
+
+
+def _order(src: sqlite3.Connection, table: str) -> str:
+    """Insertion order (the rowid), or the key of a ``WITHOUT ROWID`` table."""
+    row = src.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+    if row and "WITHOUT ROWID" in str(row[0]).upper():
+        return "1"  # by its key: nothing refers to these rows by position
+    return "rowid"
+
+
 def _copy(src: sqlite3.Connection, conn: Any, table: str) -> int:
     """Copy one table; image and document payloads the file keeps as blobs go inline."""
     source_columns = [row[1] for row in src.execute(f"PRAGMA table_info({table})")]
@@ -117,14 +136,11 @@ def _copy(src: sqlite3.Connection, conn: Any, table: str) -> int:
     columns = [c for c in source_columns if c in target_columns]
     quoted = ", ".join(f'"{c}"' for c in columns)
     insert = f"INSERT INTO {table} ({quoted}) VALUES ({', '.join('%s' for _ in columns)})"
-    cursor = src.execute(f"SELECT {quoted} FROM {table} ORDER BY rowid")
+    cursor = src.execute(f"SELECT {quoted} FROM {table} ORDER BY {_order(src, table)}")
     copied = 0
     while batch := cursor.fetchmany(BATCH):
         rows = hydrate_rows(src, [dict(zip(columns, row, strict=True)) for row in batch])
-        values = [
-            [bool(row[c]) if (table, c) in BOOLEAN_COLUMNS else row[c] for c in columns]
-            for row in rows
-        ]
+        values = [[_value(table, c, row[c]) for c in columns] for row in rows]
         with conn.cursor() as out:
             out.executemany(insert, values)
         copied += len(values)

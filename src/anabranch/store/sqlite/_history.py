@@ -20,11 +20,12 @@ from anabranch.store._records import (
     SpillRecord,
     ToolEventRecord,
 )
-from anabranch.store._rows import call_row
 from anabranch.store.sqlite._blobs import dehydrate
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._rows import (
     CALL_SQL,
+    call_record,
+    call_values,
     fetch_rows,
     insert,
     message_row,
@@ -85,12 +86,12 @@ class SQLiteHistory:
     async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
         """Commit pending messages and the call row together, before the request is sent."""
         values = [message_row(m) for m in messages]
-        call_values = call_row(call)
+        values_of_call = call_values(call)
 
         def write(conn: sqlite3.Connection) -> int:
             for value in values:
                 insert(conn, "messages", value)
-            return insert(conn, "calls", call_values)
+            return insert(conn, "calls", values_of_call)
 
         return await self._sql.write(write)
 
@@ -144,7 +145,7 @@ class SQLiteHistory:
         def write(conn: sqlite3.Connection) -> list[CallRecord]:
             rows = fetch_rows(
                 conn,
-                CALL_SQL + " WHERE c.run_id = ? AND o.id IS NULL ORDER BY c.id",
+                CALL_SQL + " WHERE c.run_id = ? AND o.call_id IS NULL ORDER BY c.id",
                 (run_id,),
             )
             now = time.time()
@@ -159,7 +160,7 @@ class SQLiteHistory:
                         "created": now,
                     },
                 )
-            return [CallRecord(**row) for row in rows]
+            return [call_record(row) for row in rows]
 
         return await self._sql.write(write)
 
@@ -186,7 +187,7 @@ class SQLiteHistory:
         rows = await self._sql.read(
             lambda conn: fetch_rows(conn, CALL_SQL + " WHERE c.run_id = ? ORDER BY c.id", (run_id,))
         )
-        return [CallRecord(**row) for row in rows]
+        return [call_record(row) for row in rows]
 
     async def recent_ok_calls(self, run_id: str, *, up_to: int, limit: int = 2) -> list[CallRecord]:
         """The run's last ``limit`` successful calls with id <= ``up_to``, newest first.
@@ -202,7 +203,7 @@ class SQLiteHistory:
                 (run_id, up_to, limit),
             )
         )
-        return [CallRecord(**row) for row in rows]
+        return [call_record(row) for row in rows]
 
     async def last_call(self, run_id: str, *, ok: bool = False) -> CallRecord | None:
         """The run's latest call (with ``ok``: latest successful one), read from the end of
@@ -215,7 +216,7 @@ class SQLiteHistory:
                 (run_id,),
             )
         )
-        return CallRecord(**rows[0]) if rows else None
+        return call_record(rows[0]) if rows else None
 
     async def count_calls(self, run_id: str, status: str = "ok") -> int:
         """How many of the run's call attempts ended with ``status`` (no rows loaded)."""
@@ -272,7 +273,7 @@ class SQLiteHistory:
                 (session_id,),
             )
         )
-        return [CallRecord(**row) for row in rows]
+        return [call_record(row) for row in rows]
 
     # ----------------------------------------------------------------- tools
     async def record_tool_event(self, event: ToolEventRecord) -> None:

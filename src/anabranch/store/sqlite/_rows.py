@@ -6,14 +6,19 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from anabranch.store._rows import message_row, snapshot_row, tool_event_row
+from anabranch.store._records import CallRecord
+from anabranch.store._rows import call_row, message_row, snapshot_row, tool_event_row
 from anabranch.store.sqlite._blobs import BLOB_COLUMNS, dehydrate, hydrate_rows
 
 __all__ = [
     "CALL_SQL",
     "RUN_SQL",
     "SESSION_SQL",
+    "call_record",
+    "call_values",
     "fetch_rows",
+    "hex_bytes",
+    "hex_text",
     "insert",
     "message_row",
     "snapshot_row",
@@ -43,6 +48,30 @@ CALL_SQL = """
     FROM calls c LEFT JOIN call_outcomes o ON o.call_id = c.id
 """
 """A call attempt with its outcome, if it has one."""
+
+
+def hex_bytes(text: str) -> bytes | str:
+    """A lowercase hex id (a digest, a trace or span id) as the bytes it spells: half the
+    room. Any other text is kept as it is. ``hex_text`` reads it back."""
+    try:
+        value = bytes.fromhex(text)
+    except ValueError:
+        return text
+    return value if value.hex() == text else text
+
+
+def hex_text(value: bytes | str) -> str:
+    return value.hex() if isinstance(value, bytes) else str(value)
+
+
+def call_values(call: CallRecord) -> dict[str, Any]:
+    """A call's row; its fingerprint (a SHA-256 in hex) kept as the 32 bytes it spells."""
+    return {**call_row(call), "fingerprint": hex_bytes(call.fingerprint)}
+
+
+def call_record(row: dict[str, Any]) -> CallRecord:
+    """A call read back (its fingerprint in hex again)."""
+    return CallRecord(**{**row, "fingerprint": hex_text(row["fingerprint"])})
 
 
 def insert(conn: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:

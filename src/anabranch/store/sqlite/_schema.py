@@ -422,6 +422,62 @@ def _v11_spill_refs(db: sqlite_utils.Database) -> None:
         db.execute(statement)
 
 
+_V12_TABLES = {
+    "meta": "key TEXT PRIMARY KEY, value TEXT",
+    "sessions": "id TEXT PRIMARY KEY, created REAL, kind TEXT, entry TEXT, task TEXT, "
+    "source TEXT, definition TEXT",
+    "leases": "session_id TEXT PRIMARY KEY, owner TEXT, host TEXT, pid INTEGER, expires REAL",
+    "run_ends": "run_id TEXT PRIMARY KEY, status TEXT, output TEXT, error TEXT, finished REAL",
+    "blobs": "digest TEXT PRIMARY KEY, data TEXT, size INTEGER, created REAL",
+}
+"""Tables keyed by a text id, rebuilt ``WITHOUT ROWID``: the key is the table's own order,
+so no second b-tree (the automatic index of the key) repeats every id."""
+
+
+def _v12_lean_keys(db: sqlite_utils.Database) -> None:
+    """Fewer b-trees holding the same data: the text-keyed tables ``WITHOUT ROWID``; a
+    call's outcome keyed by its call (``call_id`` is the rowid: no unique index beside it);
+    the history indexes without their per-row size table (``columnsize=0``: a search reads
+    the rows it matches anyway). Rows are copied as they are; the indexes are rebuilt."""
+    for table, columns in _V12_TABLES.items():
+        names = ", ".join(column.split()[0] for column in columns.split(", "))
+        for statement in (
+            f"CREATE TABLE {table}_v12 ({columns}) WITHOUT ROWID",
+            f"INSERT INTO {table}_v12 ({names}) SELECT {names} FROM {table}",
+            f"DROP TABLE {table}",
+            f"ALTER TABLE {table}_v12 RENAME TO {table}",
+        ):
+            db.execute(statement)
+    outcome = (
+        "call_id, status, error_type, error, response_id, model, stop_reason, usage, "
+        "message_seq, created"
+    )
+    for statement in (
+        "CREATE TABLE call_outcomes_v12 (call_id INTEGER PRIMARY KEY, status TEXT, "
+        "error_type TEXT, error TEXT, response_id TEXT, model TEXT, stop_reason TEXT, "
+        "usage TEXT, message_seq INTEGER, created REAL)",
+        f"INSERT INTO call_outcomes_v12 ({outcome}) SELECT {outcome} FROM call_outcomes "
+        "ORDER BY call_id",
+        "DROP TABLE call_outcomes",
+        "ALTER TABLE call_outcomes_v12 RENAME TO call_outcomes",
+    ):
+        db.execute(statement)
+    for table, view in (
+        ("history_fts", "history_messages"),
+        ("history_spill_fts", "history_spills"),
+    ):
+        for statement in (
+            f"DROP TABLE {table}",
+            f"CREATE VIRTUAL TABLE {table} USING fts5(body, run_id UNINDEXED, "
+            "source UNINDEXED, ref UNINDEXED, tokenize='unicode61', "
+            f"content='{view}', content_rowid='id', detail=none, columnsize=0)",
+            f"INSERT INTO {table}({table}, rank) VALUES ('automerge', 2)",
+            f"INSERT INTO {table}(rowid, body, run_id, source, ref) "
+            f"SELECT id, body, run_id, source, ref FROM {view}",
+        ):
+            db.execute(statement)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1,
     _v2_call_prefix,
@@ -434,6 +490,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v9_tool_result_refs,
     _v10_lean_history_index,
     _v11_spill_refs,
+    _v12_lean_keys,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -42,6 +42,8 @@ from anabranch.store.sqlite._rows import (
     RUN_SQL,
     SESSION_SQL,
     fetch_rows,
+    hex_bytes,
+    hex_text,
     insert,
     message_row,
     snapshot_row,
@@ -372,12 +374,12 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
     # ----------------------------------------------------------------- trace spans
     async def add_run_span(self, session_id: str, run_id: str, trace_id: str, span_id: str) -> None:
         """Remember the (hex) trace and span id of one drive of a run (for a graph's own
-        span, ``run_id`` is the session id)."""
+        span, ``run_id`` is the session id); kept as the bytes they spell."""
         values = {
             "session_id": session_id,
             "run_id": run_id,
-            "trace_id": trace_id,
-            "span_id": span_id,
+            "trace_id": hex_bytes(trace_id),
+            "span_id": hex_bytes(span_id),
             "created": time.time(),
         }
         await self._sql.write(lambda conn: insert(conn, "run_spans", values))
@@ -391,7 +393,7 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
             sql += " LIMIT ?"
             params = (run_id, limit)
         rows = await self._sql.lookup(lambda conn: conn.execute(sql, params).fetchall())
-        return [(str(t), str(s)) for t, s in reversed(rows)]
+        return [(hex_text(t), hex_text(s)) for t, s in reversed(rows)]
 
     # ----------------------------------------------------------------- generic read
     async def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
