@@ -81,6 +81,7 @@ async def test_a_v11_file_reads_back_as_it_was_after_the_migration(tmp_path: Pat
         image = json.loads(await store.get_spill("h.attachments") or "[]")
         assert image[0]["data"] == "iVBO"  # the blob is still found by its digest
         assert [h.ref for h in await store.search_history("run_1", "manatees")] == ["0"]
+        assert call.id is not None
         with pytest.raises(StoreError, match="UNIQUE"):  # one outcome per call, as before
             await store.finish_call(call.id, status="ok")
     finally:
