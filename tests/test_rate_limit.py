@@ -115,6 +115,36 @@ async def test_one_process_never_exceeds_the_limit() -> None:
     assert busiest(granted, rate.period) == 3
 
 
+@pytest.mark.anyio
+async def test_the_windows_totals_follow_grants_settles_and_expiry() -> None:
+    """The quick check reads running totals: they stay the sum of the live slots through
+    grants, settles (up and down) and slots leaving the window."""
+    now = [100.0]
+    limiter = LocalCallLimiter(
+        CallRate(input_tokens=1000, output_tokens=1000, period=10), clock=lambda: now[0]
+    )
+
+    def totals_match() -> bool:
+        slots = list(limiter._slots)
+        return (limiter._input, limiter._output) == (
+            sum(s.charge.input for s in slots),
+            sum(s.charge.output for s in slots),
+        )
+
+    first = await limiter.acquire(Charge(300, 400))
+    now[0] = 105.0
+    second = await limiter.acquire(Charge(300, 400))
+    await limiter.settle(first, Charge(500, 20))  # input above its estimate, output below
+    assert totals_match() and (limiter._input, limiter._output) == (800, 420)
+    with anyio.fail_after(5):  # fits only because the first call gave output back
+        await limiter.acquire(Charge(100, 500))
+    now[0] = 110.5  # the first grant (at 100) has left the window
+    await limiter.acquire(Charge(10, 10))
+    await limiter.settle(second, Charge(250, 30))
+    await limiter.settle(999, Charge(1, 1))  # an unknown ticket changes nothing
+    assert totals_match() and len(limiter._slots) == 3
+
+
 class _Refusing:
     """A model that refuses its first call with 429 and retry-after, then answers."""
 

@@ -5,6 +5,7 @@ per requests, input and output tokens, ``anthropic-ratelimit-*`` headers, 429 wi
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -15,6 +16,7 @@ from typing import Any, Literal
 import anthropic
 import anyio
 import pytest
+from anyio.abc import Process
 
 from anabranch.errors import ModelError
 from anabranch.messages import Message, ModelRequest, TextBlock
@@ -234,32 +236,103 @@ async def test_when_the_provider_says_wait_every_caller_waits(how: How) -> None:
     assert min(r.timestamp for r in later) >= told + 1.9
 
 
+CALLER = """
+import json, sys, anyio
+from anabranch.errors import ModelError
+from anabranch.messages import Message, ModelRequest, TextBlock
+from anabranch.models import AnthropicModel, CallRate, PostgresCallLimiter, RateLimitedModel
+from anabranch.models import RetryPolicy
+from anabranch.models._retry import retrying
+
+async def main():
+    dsn, base_url, rate, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+    async with PostgresCallLimiter(dsn, CallRate(**rate)) as limiter:
+        model = RateLimitedModel(AnthropicModel(base_url=base_url, api_key="k"), limiter)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        ended = []
+
+        async def one(n):
+            request = ModelRequest(
+                model="claude-sonnet-5-5", max_tokens=64,
+                messages=[Message(role="user", content=[TextBlock(text=f"child call {n}")])],
+            )
+            try:
+                await retrying(RetryPolicy(max_attempts=6, base_delay=0.05),
+                               lambda attempt: model.request(request))
+                ended.append("ok")
+            except ModelError as exc:
+                ended.append(type(exc).__name__)
+
+        async with anyio.create_task_group() as group:
+            for n in range(int(calls)):
+                group.start_soon(one, n)
+        await model.aclose()
+        print(json.dumps(ended), flush=True)
+
+anyio.run(main)
+"""
+
+
+async def _start_callers(script: Path, argv: list[str], count: int) -> list[Process]:
+    """``count`` caller processes, started together, each once it has said ready."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    processes = [
+        await anyio.open_process([sys.executable, str(script), *argv], env=env)
+        for _ in range(count)
+    ]
+    for process in processes:
+        assert process.stdout is not None
+        seen = b""
+        while not seen.endswith(b"ready\n"):
+            seen += await process.stdout.receive()
+    return processes
+
+
+async def _finish_caller(process: Process) -> list[str]:
+    assert process.stdin is not None and process.stdout is not None
+    await process.stdin.send(b"go\n")
+    out = b""
+    async for chunk in process.stdout:
+        out += chunk
+    assert await process.wait() == 0
+    return list(json.loads(out.decode().strip().splitlines()[-1]))
+
+
 @pytest.mark.anyio
 async def test_a_provider_wait_heard_by_one_process_holds_every_process(
-    postgres_dsn: str,
+    postgres_dsn: str, tmp_path: Path
 ) -> None:
-    """Two limiters on one PostgreSQL (two workers' worth), each with its own SDK client:
-    a 429 with retry-after heard by one holds the callers of both."""
+    """Three processes on one PostgreSQL limit, each with its own SDK client: a 429 with
+    retry-after heard by one (this test's process) holds the callers of the two others
+    too: none of their calls reaches the provider before the wait is over, none refused."""
     from anabranch.models import PostgresCallLimiter
 
     rate = CallRate(requests=3, period=3, name="org")
+    script = tmp_path / "caller.py"
+    script.write_text(CALLER)
     async with MessagesServer(TestModel(), rate_limits=rate) as srv:
-        async with PostgresCallLimiter(postgres_dsn, rate) as one, PostgresCallLimiter(
-            postgres_dsn, rate
-        ) as other:
-            models = [
-                RateLimitedModel(AnthropicModel(base_url=srv.base_url, api_key="k"), limiter)
-                for limiter in (one, other)
-            ]
-            with anyio.fail_after(90):
-                await _provider_says_wait(srv, "refused", models[0])
-                told = _ours(srv)[-1].timestamp
-                ended = await _calls_with_retries(models, 6)
-            for model in models:
-                await model.aclose()
-    assert ended == ["ok"] * 6
+        argv = [postgres_dsn, srv.base_url, rate.model_dump_json(), "3"]
+        with anyio.fail_after(120):
+            children = await _start_callers(script, argv, 2)
+            try:
+                async with PostgresCallLimiter(postgres_dsn, rate) as limiter:
+                    model = RateLimitedModel(
+                        AnthropicModel(base_url=srv.base_url, api_key="k"), limiter
+                    )
+                    await _provider_says_wait(srv, "refused", model)
+                    told = _ours(srv)[-1].timestamp
+                    ended = [await _finish_caller(child) for child in children]
+                    await model.aclose()
+            finally:
+                for child in children:
+                    if child.returncode is None:
+                        child.kill()
+                        await child.wait()
+                    await child.aclose()
+    assert ended == [["ok"] * 3] * 2
     later = _ours(srv)[1:]
-    assert len(later) == 6 and all(r.status == 200 for r in later)
+    assert len(later) == 6 and all(r.status == 200 for r in later)  # none refused
     assert min(r.timestamp for r in later) >= told + 1.9
 
 

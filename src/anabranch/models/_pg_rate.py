@@ -20,7 +20,7 @@ import anyio
 import anyio.to_thread
 import psycopg
 
-from anabranch.models._rate import CallRate, Charge, admission_wait
+from anabranch.models._rate import CallRate, Charge, admission_wait, fits_now
 from anabranch.store._dsn import redact_dsn
 from anabranch.store.postgres._connection import NOW, Conn, connect, store_error
 from anabranch.store.postgres._migrate import migrate
@@ -99,6 +99,17 @@ class PostgresCallLimiter:
             conn.execute(
                 "DELETE FROM call_slots WHERE name = %s AND granted <= %s", (name, now - period)
             )
+            blocked_until = float(row["blocked_until"])
+            totals = _one(
+                conn.execute(
+                    "SELECT count(*) AS n, coalesce(sum(input_tokens), 0) AS i, "
+                    "coalesce(sum(output_tokens), 0) AS o FROM call_slots WHERE name = %s",
+                    (name,),
+                ).fetchone()
+            )
+            used = Charge(int(totals["i"]), int(totals["o"]))
+            if blocked_until <= now and fits_now(self.rate, int(totals["n"]), used, charge):
+                return 0.0, self._insert(conn, now, charge)
             window = [
                 (float(r["granted"]), Charge(int(r["input_tokens"]), int(r["output_tokens"])))
                 for r in conn.execute(
@@ -107,15 +118,18 @@ class PostgresCallLimiter:
                     (name,),
                 )
             ]
-            wait = admission_wait(now, window, self.rate, float(row["blocked_until"]), charge)
+            wait = admission_wait(now, window, self.rate, blocked_until, charge)
             if wait > 0:
                 return wait, None
-            granted = conn.execute(
-                "INSERT INTO call_slots (name, granted, tokens, input_tokens, output_tokens) "
-                "VALUES (%s, %s, %s, %s, %s) RETURNING id",
-                (name, now, charge.tokens, charge.input, charge.output),
-            ).fetchone()
-            return 0.0, int(_one(granted)["id"])
+            return 0.0, self._insert(conn, now, charge)
+
+    def _insert(self, conn: Conn, now: float, charge: Charge) -> int:
+        granted = conn.execute(
+            "INSERT INTO call_slots (name, granted, tokens, input_tokens, output_tokens) "
+            "VALUES (%s, %s, %s, %s, %s) RETURNING id",
+            (self.rate.name, now, charge.tokens, charge.input, charge.output),
+        ).fetchone()
+        return int(_one(granted)["id"])
 
     async def _run(self, fn: Any) -> Any:
         async with self._use:

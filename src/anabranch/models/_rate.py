@@ -53,6 +53,7 @@ __all__ = [
     "LocalCallLimiter",
     "RateLimitedModel",
     "admission_wait",
+    "fits_now",
 ]
 
 MARGIN = 0.002
@@ -163,6 +164,21 @@ def _total(charge: Charge) -> int:
     return charge.input + charge.output
 
 
+def fits_now(rate: CallRate, count: int, used: Charge, charge: Charge) -> bool:
+    """Whether a call of ``charge`` fits beside ``count`` live grants charged ``used`` in
+    all (the quick check: the window's totals, no slot looked at)."""
+    if rate.requests is not None and count + 1 > rate.requests:
+        return False
+    for limit, taken, need in (
+        (rate.input_tokens, used.input, charge.input),
+        (rate.output_tokens, used.output, charge.output),
+        (rate.tokens, used.input + used.output, charge.input + charge.output),
+    ):
+        if limit is not None and taken + need > limit:
+            return False
+    return True
+
+
 def admission_wait(
     now: float,
     window: Sequence[tuple[float, Charge]],
@@ -204,6 +220,7 @@ class LocalCallLimiter:
         self.rate = rate
         self._clock = clock
         self._slots: deque[_Slot] = deque()
+        self._input = self._output = 0  # the live slots' totals
         self._blocked_until = 0.0
         self._next_ticket = 0
         self._turn = anyio.Lock()  # first come, first served
@@ -212,19 +229,30 @@ class LocalCallLimiter:
         async with self._turn:
             while True:
                 now = self._clock()
-                while self._slots and self._slots[0].granted <= now - self.rate.period:
-                    self._slots.popleft()
-                window = [(slot.granted, slot.charge) for slot in self._slots]
-                wait = admission_wait(now, window, self.rate, self._blocked_until, charge)
+                slots = self._slots
+                while slots and slots[0].granted <= now - self.rate.period:
+                    gone = slots.popleft().charge
+                    self._input -= gone.input
+                    self._output -= gone.output
+                used = Charge(self._input, self._output)
+                if self._blocked_until <= now and fits_now(self.rate, len(slots), used, charge):
+                    wait = 0.0
+                else:
+                    window = [(slot.granted, slot.charge) for slot in slots]
+                    wait = admission_wait(now, window, self.rate, self._blocked_until, charge)
                 if wait <= 0:
                     self._next_ticket += 1
-                    self._slots.append(_Slot(now, charge, self._next_ticket))
+                    slots.append(_Slot(now, charge, self._next_ticket))
+                    self._input += charge.input
+                    self._output += charge.output
                     return self._next_ticket
                 await anyio.sleep(wait)
 
     async def settle(self, ticket: int, charge: Charge) -> None:
-        for slot in self._slots:
+        for slot in reversed(self._slots):  # the newest first: calls are short
             if slot.ticket == ticket:
+                self._input += charge.input - slot.charge.input
+                self._output += charge.output - slot.charge.output
                 slot.charge = charge
                 return
 
