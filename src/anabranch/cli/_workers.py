@@ -83,12 +83,12 @@ def _rate(text: str | None) -> tuple[int, float] | None:
 
 
 async def cmd_worker(args: argparse.Namespace) -> int:
+    rate = call_rate(args)  # a bad limit is one line before anything is imported or opened
     from anabranch.runtime._runtime import Runtime
 
     _require_postgres(args.db, "worker")
     from anabranch.runtime._worker import WorkerOptions, serve
 
-    rate = call_rate(args)  # a bad limit is one line before any file is imported
     agents, graphs = _definitions(args.files)
     options = WorkerOptions(
         queue=args.queue,
