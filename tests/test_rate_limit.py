@@ -309,8 +309,9 @@ def test_processes_on_one_postgres_share_the_limit(
     assert [proc.returncode for proc in procs] == [0, 0, 0]
     grants = [json.loads(line) for out in outputs for line in out.split("\n") if line]
     assert len(grants) == 18 and len({ticket for _, ticket in grants}) == 18
-    # the database clock decides; a grant is printed a moment after it: allow for that
-    slack = 0.05
+    # the database clock decides; a grant is printed a moment after it, and on a loaded
+    # machine a process may print late: allow for that (unlimited, the 18 come in ~0.1 s)
+    slack = 0.2
     times = [t for t, _ in grants]
     assert busiest(times, 1.0 - slack) <= 4
     assert busiest(times, 1.0 + slack) >= 4  # the limit held them back (not idle)
