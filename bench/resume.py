@@ -26,6 +26,7 @@ from anabranch import Agent, ContextPolicy, Message, ModelRequest, ModelResponse
 from anabranch.messages import TextBlock, ToolResultBlock, ToolUseBlock, canonical_json
 from anabranch.runtime._loop import AgentRun
 from anabranch.store import BoundaryRecord, RunRecord, SessionRecord, SQLiteStore
+from anabranch.store.sqlite._index import index_new_rows
 from bench.common import db_bytes, fresh_path, stats, text, turn_payload
 from bench.ours import lookup
 
@@ -134,6 +135,7 @@ async def build_session(path: Path, messages: int, compactions: int) -> tuple[st
                 "created) VALUES (?, ?, 'lookup', 'finished', 0, ?)",
                 (run_id, use.id, now),
             )
+    index_new_rows(conn)  # as the store does before each commit (history search)
     conn.execute("COMMIT")
     conn.close()
     if compactions:

@@ -12,14 +12,16 @@ Invariants (the stores' correctness rests on them; the conformance suite checks 
 - **Group commit.** Writes that arrive while a transaction is being committed wait and go
   together into the next one: one commit (one fsync) for the whole batch.
 - **Leader/follower, nobody polls.** The first writer to find no commit in progress leads:
-  it takes every queued write and commits them. When that commit ends it wakes the first
-  writer queued meanwhile (who leads the next commit, overlapping with this batch's
-  writers going on with their work), then this batch's writers.
+  it takes every queued write and commits them. The first writer queued during a commit
+  is the next batch's leader; when the commit ends it wakes that one (who leads the next
+  commit, overlapping with this batch's writers going on with their work), then this
+  batch's writers, **all through one event per batch** (not one per write).
 - **One commit at a time.** A batch is committed only when no other is being committed,
   so the backend's ``commit`` never runs twice at once.
 - **Cancellation never splits a write.** Queued and committing writes are shielded from
-  cancellation: a cancelled caller leaves either its whole write or none of it, and a
-  batch is never abandoned half-way.
+  cancellation: a cancelled caller still waits until its write is committed (or has
+  failed), then sees its cancellation; a batch is never abandoned half-way. (Only a
+  leader and a cancelled waiter pay for a shielded scope.)
 - **No write hangs.** If ``commit`` itself raises, every write of its batch that has no
   outcome yet fails with that error.
 
@@ -30,7 +32,6 @@ translation of driver errors are the backend's part.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -40,20 +41,35 @@ __all__ = ["GroupCommit", "QueuedWrite"]
 J = TypeVar("J")
 
 
-@dataclass(eq=False)
 class QueuedWrite(Generic[J]):
     """One queued write: the backend's job and, once committed, its result or error."""
 
-    job: J
-    result: Any = None
-    error: BaseException | None = None
-    done: bool = False
-    wake: anyio.Event | None = None
-    """Made when the write has to wait; set when it is committed or should lead next."""
+    __slots__ = ("done", "error", "job", "result")
+
+    def __init__(self, job: J) -> None:
+        self.job = job
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = False
 
     def reset(self) -> None:
         """Forget an outcome (the backend runs the batch again)."""
         self.result, self.error = None, None
+
+
+class _Batch(Generic[J]):
+    """The writes of one transaction, and the two events its writers wait on."""
+
+    __slots__ = ("committed", "lead", "leader", "writes")
+
+    def __init__(self) -> None:
+        self.writes: list[QueuedWrite[J]] = []
+        self.leader: QueuedWrite[J] | None = None
+        """The first write queued while another batch commits: it leads this one."""
+        self.lead: anyio.Event | None = None
+        """Set when the commit before this batch has ended (the leader's turn)."""
+        self.committed: anyio.Event | None = None
+        """Set when this batch's commit has ended (every other writer's wake-up)."""
 
 
 class GroupCommit(Generic[J]):
@@ -61,38 +77,63 @@ class GroupCommit(Generic[J]):
 
     def __init__(self, commit: Callable[[list[QueuedWrite[J]]], Awaitable[None]]) -> None:
         self._commit = commit
-        self._queue: list[QueuedWrite[J]] = []
+        self._next: _Batch[J] = _Batch()
+        """The batch that writes join: committed next."""
         self._committing = False
 
     async def submit(self, job: J) -> Any:
         """Commit ``job`` (possibly together with other writes); its result, or its error."""
         write = QueuedWrite(job)
-        self._queue.append(write)
-        with anyio.CancelScope(shield=True):
-            while not write.done:
-                if self._committing:
-                    write.wake = anyio.Event()
-                    await write.wake.wait()
-                    continue
-                await self._commit_queue()
+        batch = self._next
+        batch.writes.append(write)
+        if not self._committing:
+            with anyio.CancelScope(shield=True):
+                await self._lead(batch)
+        else:
+            try:
+                await self._settle(write, batch)
+            except BaseException:  # cancelled while queued: the write is not abandoned
+                with anyio.CancelScope(shield=True):
+                    await self._settle(write, batch)
+                raise
         if write.error is not None:
             raise write.error
         return write.result
 
-    async def _commit_queue(self) -> None:
+    async def _settle(self, write: QueuedWrite[J], batch: _Batch[J]) -> None:
+        """Wait until ``write`` (of ``batch``) is committed, leading its batch if it is the
+        leader (or nothing is being committed). Only the leading is shielded here."""
+        while not write.done:
+            if not self._committing:  # then ``batch`` is still the next one: commit it
+                with anyio.CancelScope(shield=True):
+                    await self._lead(batch)
+            elif batch is self._next and batch.leader in (None, write):
+                if batch.lead is None:
+                    batch.leader, batch.lead = write, anyio.Event()
+                await batch.lead.wait()
+                if self._committing and batch is self._next:  # never: a leader takes _next
+                    raise AssertionError("group commit: woken to lead while a commit runs")
+            else:  # another writer leads this batch, or is committing it
+                if batch.committed is None:
+                    batch.committed = anyio.Event()
+                await batch.committed.wait()
+
+    async def _lead(self, batch: _Batch[J]) -> None:
+        """Commit ``batch`` (the next one, while nothing else commits); wake its writers."""
         self._committing = True
-        batch, self._queue = self._queue, []
+        self._next = _Batch()
+        writes = batch.writes
         try:
-            await self._commit(batch)
+            await self._commit(writes)
         except BaseException as exc:  # the transaction failed: fail its writes, not hang them
-            for write in batch:
+            for write in writes:
                 write.error = write.error or exc
         finally:
-            for write in batch:
+            for write in writes:
                 write.done = True
             self._committing = False
-            if self._queue and self._queue[0].wake is not None:
-                self._queue[0].wake.set()
-            for write in batch:
-                if write.wake is not None:
-                    write.wake.set()
+            following = self._next
+            if following.lead is not None:
+                following.lead.set()
+            if batch.committed is not None:
+                batch.committed.set()

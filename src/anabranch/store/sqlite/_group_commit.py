@@ -9,9 +9,12 @@ Invariants (the store's correctness rests on them; the conformance suite checks 
   committed; writes arriving during a commit go together into the next one, one
   ``BEGIN IMMEDIATE ... COMMIT`` and one fsync for the batch; cancellation never splits a
   write).
-- **Every write is atomic and isolated.** When a batch holds several writes, each runs in
-  its own savepoint: one write's error rolls back that write alone, and its caller alone
-  gets the error. A lone write runs directly in its own transaction.
+- **Every write is atomic and isolated.** A batch's writes run together in its
+  transaction; if one of them raises, the transaction is rolled back and run again with
+  each write in its own savepoint: one write's error rolls back that write alone, and its
+  caller alone gets the error. A lone write runs directly in its own transaction.
+- **Search sees what is committed.** The messages and spills a transaction wrote are
+  added to the history index just before it commits (``_index``).
 - **No raw driver error escapes.** ``sqlite3.Error`` becomes ``StoreError`` (the original
   as ``__cause__``); errors a write raises on purpose (``SessionBusyError``) pass through.
 """
@@ -27,6 +30,7 @@ import anyio.to_thread
 
 from anabranch.errors import StoreError
 from anabranch.store._group_commit import GroupCommit, QueuedWrite
+from anabranch.store.sqlite._index import index_new_rows
 from anabranch.store.sqlite._open import DEFAULT_LOCK_TIMEOUT, describe_sqlite_error
 
 __all__ = ["GroupCommitConnection"]
@@ -42,21 +46,50 @@ def _store_error(exc: sqlite3.Error, lock_timeout: float = DEFAULT_LOCK_TIMEOUT)
     return error
 
 
+def _run_together(conn: sqlite3.Connection, batch: list[QueuedWrite[SQLiteJob]]) -> bool:
+    """Run every write of ``batch`` with no savepoint (the common case: none fails). If
+    one raises, roll the whole transaction back, forget every outcome and say so."""
+    for write in batch:
+        try:
+            write.result = write.job(conn)
+        except Exception:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for done in batch:
+                done.reset()
+            return False
+    return True
+
+
+def _run_apart(conn: sqlite3.Connection, batch: list[QueuedWrite[SQLiteJob]]) -> None:
+    """Run each write of ``batch`` in its own savepoint: one failing rolls back alone."""
+    for write in batch:
+        conn.execute("SAVEPOINT anabranch_write")
+        try:
+            write.result = write.job(conn)
+        except Exception as exc:
+            conn.execute("ROLLBACK TO anabranch_write")
+            write.error = exc
+        conn.execute("RELEASE anabranch_write")
+
+
 def _commit_batch(conn: sqlite3.Connection, batch: list[QueuedWrite[SQLiteJob]]) -> None:
-    """Run ``batch`` in one transaction; each write in a savepoint when there are several."""
+    """Run ``batch`` in one transaction, its new rows indexed for search, and commit.
+
+    Several writes run first without savepoints; only if one of them fails is the
+    transaction rolled back and run again with each write in its own savepoint (a
+    savepoint per write cost more than the write itself), so each error still reaches
+    its own writer alone. The jobs only compute from the connection, so running one
+    again is safe.
+    """
     try:
         conn.execute("BEGIN IMMEDIATE")
         if len(batch) == 1:
             batch[0].result = batch[0].job(conn)
-        else:
-            for write in batch:
-                conn.execute("SAVEPOINT anabranch_write")
-                try:
-                    write.result = write.job(conn)
-                except Exception as exc:
-                    conn.execute("ROLLBACK TO anabranch_write")
-                    write.error = exc
-                conn.execute("RELEASE anabranch_write")
+        elif not _run_together(conn, batch):
+            conn.execute("BEGIN IMMEDIATE")
+            _run_apart(conn, batch)
+        index_new_rows(conn)
         conn.execute("COMMIT")
     except BaseException as exc:
         if conn.in_transaction:

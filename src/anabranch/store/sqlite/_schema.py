@@ -478,6 +478,21 @@ def _v12_lean_keys(db: sqlite_utils.Database) -> None:
             db.execute(statement)
 
 
+def _v13_index_per_transaction(db: sqlite_utils.Database) -> None:
+    """The history indexes are filled once per write transaction, just before it commits
+    (``_index.index_new_rows``), instead of by a trigger per row: a trigger's FTS5 insert
+    flushed a segment at every savepoint of a group-committed batch. Every row written so
+    far is indexed already: the marks (``meta``) start at the highest rowids."""
+    for statement in (
+        "DROP TRIGGER history_fts_messages",
+        "DROP TRIGGER history_fts_spills",
+        "INSERT OR REPLACE INTO meta(key, value) VALUES "
+        "('history_indexed', (SELECT COALESCE(MAX(id), 0) FROM messages)), "
+        "('history_spills_indexed', (SELECT COALESCE(MAX(rowid), 0) FROM spills))",
+    ):
+        db.execute(statement)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v1,
     _v2_call_prefix,
@@ -491,6 +506,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _v10_lean_history_index,
     _v11_spill_refs,
     _v12_lean_keys,
+    _v13_index_per_transaction,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

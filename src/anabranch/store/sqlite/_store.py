@@ -31,6 +31,7 @@ from anabranch.store._rows import run_row
 from anabranch.store.sqlite._budgets import SQLiteBudgets
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._history import SQLiteHistory
+from anabranch.store.sqlite._index import index_new_rows
 from anabranch.store.sqlite._limits import SQLiteContextLimits
 from anabranch.store.sqlite._open import (
     Synchronous,
@@ -190,7 +191,9 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
                 raise SessionBusyError(session_id, holder)
             runs = "SELECT id FROM runs WHERE session_id = ?"
             args = (session_id,)
-            # external-content FTS5 tables forget a row only when told its old values
+            # external-content FTS5 tables forget a row only when told its old values (and
+            # only one they hold: rows written earlier in this transaction are indexed first)
+            index_new_rows(conn)
             conn.execute(
                 "INSERT INTO history_fts(history_fts, rowid, body, run_id, source, ref) "
                 "SELECT 'delete', id, body, run_id, source, ref FROM history_messages "
@@ -222,6 +225,7 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
             for table in ("run_spans", "session_events", "leases", "runs"):
                 conn.execute(f"DELETE FROM {table} WHERE session_id = ?", args)
             conn.execute("DELETE FROM sessions WHERE id = ?", args)
+            index_new_rows(conn)  # the marks come down if the top rows were this session's
             return True
 
         deleted: bool = await self._sql.write(write)
