@@ -68,8 +68,8 @@ async def _two_sessions(store: SQLiteStore) -> None:
 
 
 async def _in_one_batch(store: SQLiteStore, *writes: Callable[[], Awaitable[object]]) -> None:
-    """Run ``writes`` so that all but the first share one transaction: the first leads a
-    commit held open (the connection is busy) while the others queue behind it."""
+    """Run ``writes`` so that all but the first share one transaction, in order: the first
+    leads a commit held open (the connection is busy) while the others queue behind it."""
     errors: list[Exception] = []
 
     async def write(fn: Callable[[], Awaitable[object]]) -> None:
@@ -83,9 +83,9 @@ async def _in_one_batch(store: SQLiteStore, *writes: Callable[[], Awaitable[obje
             async with store._sql._limiter:  # the leader's commit waits for the connection
                 group.start_soon(write, writes[0])
                 await anyio.wait_all_tasks_blocked()
-                for fn in writes[1:]:
+                for fn in writes[1:]:  # queued in this order (trio starts tasks in any)
                     group.start_soon(write, fn)
-                await anyio.wait_all_tasks_blocked()
+                    await anyio.wait_all_tasks_blocked()
 
 
 async def _index_is_sound(store: SQLiteStore) -> None:
