@@ -11,7 +11,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from anabranch import Agent, tool
+from anabranch import Agent, ContextPolicy, tool
+from anabranch.messages import (
+    Message,
+    SystemBlock,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from anabranch.runtime._run_prompt import run_request, with_breakpoints
 from anabranch.traces import Tracing
 
 
@@ -52,9 +60,7 @@ def test_an_exception_is_recorded_with_error_status_and_the_span_is_current() ->
 async def test_a_cancellation_ends_the_span_without_an_error() -> None:
     tracing, exporter = _tracing()
     with anyio.CancelScope() as scope:
-        with tracing.model_call(
-            model="m", session_id="s", agent="a", attempt=1, compacted=False
-        ):
+        with tracing.model_call(model="m", session_id="s", agent="a", attempt=1, compacted=False):
             scope.cancel()
             await anyio.sleep(1)
     assert scope.cancelled_caught
@@ -92,3 +98,39 @@ def test_tool_lookup_follows_a_copied_definition() -> None:
     assert copied.tool("beta") is copied.tools[0]
     assert agent.tool("alpha") is agent.tools[0]
     assert copied == Agent(name="a", tools=[beta])  # the index is not part of equality
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        ContextPolicy(),
+        ContextPolicy(cache_breakpoints=False),
+        ContextPolicy(cache_ttl="1h", prefix_cache_ttl="5m"),
+        ContextPolicy(cache_ttl="1h"),
+    ],
+)
+def test_the_request_built_with_its_marks_is_the_placed_request(policy: ContextPolicy) -> None:
+    agent = Agent(name="a", tools=[alpha, beta], instructions="Work.", context=policy)
+    system = (SystemBlock(text="static part"), SystemBlock(text="dynamic part"))
+    tools = tuple(
+        ToolDefinition(name=t.name, description=t.description, input_schema=t.input_schema)
+        for t in agent.tools
+    )
+    for turns in (0, 1, 3, 12):  # 12: a long tool turn puts the last mark out of sight
+        context = [Message.user("task")]
+        for i in range(turns):
+            uses = tuple(
+                ToolUseBlock(id=f"t{i}_{j}", name="alpha", input={"text": "x"})
+                for j in range(turns)
+            )
+            context.append(Message(role="assistant", content=uses))
+            results = tuple(ToolResultBlock(tool_use_id=u.id, content="r") for u in uses)
+            context.append(Message(role="user", content=results))
+        two_steps = with_breakpoints(
+            agent, run_request(agent, system, tools, context, last_response_id="msg_1")
+        )
+        one = run_request(agent, system, tools, context, last_response_id="msg_1", placed=True)
+        assert one == two_steps
+        assert one.model_dump_json() == two_steps.model_dump_json()
+        assert one.fingerprint() == two_steps.fingerprint()
+        assert with_breakpoints(agent, one) is one  # placed already: nothing to copy

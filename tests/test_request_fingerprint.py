@@ -14,6 +14,7 @@ from anabranch.messages import (
     ToolResultBlock,
     ToolUseBlock,
     canonical_json,
+    message_content_json,
 )
 
 
@@ -32,13 +33,31 @@ def _conversation(turns: int) -> list[Message]:
     return out
 
 
+def _forget_encodings(message: Message) -> None:
+    for key in [k for k in message.__dict__ if k.startswith("_anabranch_")]:
+        del message.__dict__[key]
+
+
 def _uncached(request: ModelRequest) -> str:
     messages_module._PREFIXES.clear()
-    messages_module._DIGESTS.clear()
-    messages_module._CONTENT_JSON.clear()
-    messages_module._REFS.clear()
+    for message in request.messages:
+        _forget_encodings(message)
     messages_module._PROMPTS.clear()
     return request.fingerprint()
+
+
+def test_a_copy_with_other_content_or_role_is_encoded_anew() -> None:
+    question = Message.user("question")
+    digest, encoded = messages_module.message_digest(question), message_content_json(question)
+    edited = question.model_copy(update={"content": (TextBlock(text="another"),)})
+    assert message_content_json(edited) == canonical_json([{"type": "text", "text": "another"}])
+    assert messages_module.message_digest(edited) != digest
+    answer = question.model_copy(update={"role": "assistant"})  # same content object
+    assert message_content_json(answer) == encoded
+    assert messages_module.message_digest(answer) != digest
+    assert messages_module.message_digest(question) == digest  # the original is unchanged
+    assert question == Message.user("question")  # what is kept is no part of equality
+    assert question.model_dump() == Message.user("question").model_dump()
 
 
 def test_incremental_fingerprint_equals_a_fresh_computation() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import weakref
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -325,58 +324,52 @@ class Message(_Frozen):
 
 MessageList = TypeAdapter(list[Message])
 
-_CONTENT_JSON: dict[int, str] = {}
-"""Canonical JSON of each live message's content, by ``id`` (dropped when it dies)."""
-_DIGESTS: dict[int, bytes] = {}
-"""Digest of each live message, by ``id``; an entry is dropped when its message dies."""
-_REFS: dict[int, weakref.ref[Message]] = {}
-
-
-def _forget(key: int) -> None:
-    _CONTENT_JSON.pop(key, None)
-    _DIGESTS.pop(key, None)
-    _REFS.pop(key, None)
-
-
-def _watch(key: int, message: Message) -> None:
-    if key not in _REFS:
-        _REFS[key] = weakref.ref(message, lambda _ref: _forget(key))
+# What is derived from a message (its canonical JSON, its digest) is kept in the message's
+# own ``__dict__``, next to the very ``content`` (and ``role``) it was computed from: no
+# side table, no weak reference and callback per message (a run's messages live as long as
+# the run, so those were long-lived objects for the cyclic GC to walk), and a
+# ``model_copy`` with other content carries the old value along only to find it stale.
+# The keys start with ``_``: pydantic's serialization, equality, ``repr`` and iteration
+# see model fields only.
+_JSON = "_anabranch_content_json"
+_JSON_OF = "_anabranch_content_json_of"
+_DIGEST = "_anabranch_digest"
+_DIGEST_OF = "_anabranch_digest_of"
+_DIGEST_ROLE = "_anabranch_digest_role"
 
 
 def message_content_json(message: Message) -> str:
     """Canonical JSON of the message's content blocks (what the store keeps), computed
     once per message object: its digest and its stored record share the one encoding."""
-    key = id(message)
-    text = _CONTENT_JSON.get(key)
-    if text is None:
-        text = canonical_json(message.model_dump(mode="json")["content"])
-        _CONTENT_JSON[key] = text
-        _watch(key, message)
+    cached = message.__dict__
+    if cached.get(_JSON_OF) is message.content:
+        text: str = cached[_JSON]
+        return text
+    text = canonical_json(message.model_dump(mode="json")["content"])
+    cached[_JSON] = text
+    cached[_JSON_OF] = message.content
     return text
 
 
 def message_digest(message: Message) -> bytes:
     """SHA-256 of the message's canonical JSON, computed once per message object."""
-    key = id(message)
-    digest = _DIGESTS.get(key)
-    if digest is None:
-        # the canonical JSON of the whole message (keys sorted), around its content's
-        content = message_content_json(message)
-        encoded = f'{{"content":{content},"role":{canonical_json(message.role)}}}'
-        digest = hashlib.sha256(encoded.encode()).digest()
-        _DIGESTS[key] = digest
-        _watch(key, message)
+    cached = message.__dict__
+    if cached.get(_DIGEST_OF) is message.content and cached.get(_DIGEST_ROLE) == message.role:
+        digest: bytes = cached[_DIGEST]
+        return digest
+    # the canonical JSON of the whole message (keys sorted), around its content's
+    content = message_content_json(message)
+    encoded = f'{{"content":{content},"role":{canonical_json(message.role)}}}'
+    digest = hashlib.sha256(encoded.encode()).digest()
+    cached[_DIGEST] = digest
+    cached[_DIGEST_OF] = message.content
+    cached[_DIGEST_ROLE] = message.role
     return digest
 
 
 def _messages_digest(messages: tuple[Message, ...] | list[Message]) -> bytes:
-    """The concatenated per-message digests (a C-speed lookup per already-hashed message)."""
-    found = list(map(_DIGESTS.get, map(id, messages)))
-    if None not in found:
-        return b"".join(found)  # type: ignore[arg-type]
-    return b"".join(
-        d if d is not None else message_digest(m) for d, m in zip(found, messages, strict=True)
-    )
+    """The concatenated per-message digests (each computed once per message object)."""
+    return b"".join(map(message_digest, messages))
 
 
 _PREFIXES: dict[int, tuple[tuple[Message, ...], Any]] = {}
@@ -548,17 +541,16 @@ class ModelResponse(_Frozen):
     def to_message(self) -> Message:
         """The assistant message of this response: the same object on every call, so what
         is derived from it (its stored JSON, its digest) is computed once."""
-        key = id(self)
-        entry = _RESPONSE_MESSAGES.get(key)
-        if entry is not None:
-            return entry[1]
+        cached = self.__dict__  # kept with the content it was made from (see ``_JSON``)
+        message = cached.get(_MESSAGE)
+        if message is not None and cached.get(_MESSAGE_OF) is self.content:
+            assert isinstance(message, Message)
+            return message
         message = Message(role="assistant", content=self.content)
-        _RESPONSE_MESSAGES[key] = (
-            weakref.ref(self, lambda _ref: _RESPONSE_MESSAGES.pop(key, None)),
-            message,
-        )
+        cached[_MESSAGE] = message
+        cached[_MESSAGE_OF] = self.content
         return message
 
 
-_RESPONSE_MESSAGES: dict[int, tuple[weakref.ref[ModelResponse], Message]] = {}
-"""The message of each live response, by ``id`` (dropped when the response dies)."""
+_MESSAGE = "_anabranch_message"
+_MESSAGE_OF = "_anabranch_message_of"

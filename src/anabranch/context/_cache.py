@@ -32,6 +32,7 @@ __all__ = [
     "LOOKBACK_BLOCKS",
     "MAX_BREAKPOINTS",
     "TTL_SECONDS",
+    "breakpoints",
     "CacheBreakCause",
     "CallCacheState",
     "cache_read_ratio",
@@ -109,9 +110,28 @@ def place_breakpoints(
     lookback, and the end of the tool list (the system breakpoint after it already caches
     the tools). ``prefix_ttl`` (default ``ttl``) applies to tools and system; a 1h message
     breakpoint after a 5m prefix is sent as 5m, since 1h entries must come first.
-    ``ttl=None`` removes every breakpoint.
+    ``ttl=None`` removes every breakpoint. The very same request when it is placed already.
     """
-    tools, system, messages = request.tools, request.system, request.messages
+    tools, system, marks = breakpoints(
+        request.tools, request.system, request.messages, ttl=ttl, prefix_ttl=prefix_ttl
+    )
+    if tools is request.tools and system is request.system and marks == request.message_breakpoints:
+        return request
+    return request.model_copy(
+        update={"tools": tools, "system": system, "message_breakpoints": marks}
+    )
+
+
+def breakpoints(
+    tools: tuple[ToolDefinition, ...],
+    system: tuple[SystemBlock, ...],
+    messages: Sequence[Message],
+    *,
+    ttl: CacheTTL | None,
+    prefix_ttl: CacheTTL | None = None,
+) -> tuple[tuple[ToolDefinition, ...], tuple[SystemBlock, ...], tuple[tuple[int, CacheTTL], ...]]:
+    """What ``place_breakpoints`` places, for a request still to be built: the tools and
+    system blocks marked (the same tuples when they already are) and the message marks."""
     wanted: list[tuple[str, int]] = []
     if ttl is not None:
         if messages and _cacheable(messages[-1]):
@@ -133,11 +153,7 @@ def place_breakpoints(
     if ttl is not None:
         messages_ttl = message_ttl(ttl, prefix_ttl)
         marks = tuple(sorted((i, messages_ttl) for kind, i in chosen if kind == "message"))
-    if new_tools is tools and new_system is system and marks == request.message_breakpoints:
-        return request
-    return request.model_copy(
-        update={"tools": new_tools, "system": new_system, "message_breakpoints": marks}
-    )
+    return new_tools, new_system, marks
 
 
 _Marked = TypeVar("_Marked", ToolDefinition, SystemBlock)

@@ -310,7 +310,7 @@ class AgentRun(ToolCalls, RunContext):
     ) -> ModelRequest:
         """The exact request for the current context (or ``context``), cache breakpoints
         placed (<= 4)."""
-        request = run_request(
+        return run_request(
             self.agent,
             self.system,
             self.tools,
@@ -320,8 +320,8 @@ class AgentRun(ToolCalls, RunContext):
             last_response_id=self.last_response_id,
             tool_choice=tool_choice,
             max_tokens=max_tokens,
+            placed=True,  # one request built, not one and then a copy with the marks
         )
-        return self.with_breakpoints(request)
 
     def with_breakpoints(self, request: ModelRequest) -> ModelRequest:
         """``request`` with cache breakpoints placed by this agent's policy.
@@ -542,35 +542,7 @@ class AgentRun(ToolCalls, RunContext):
             settings=request.settings.cache_key(),
         )
         call_id = await env.store.begin_call(call, ())
-
-        async def commit(response: ModelResponse) -> None:
-            message = response.to_message()
-            started = self._started_events(message.tool_uses)
-            await env.store.finish_call(
-                call_id,
-                status="ok",
-                message=MessageRecord(
-                    run_id=self.id,
-                    seq=self.next_seq,
-                    role="assistant",
-                    content=message_json(message),
-                    created=time.time(),
-                ),
-                response_id=response.id,
-                model=response.model,
-                stop_reason=response.stop_reason,
-                usage=usage_json(response.usage),
-                tool_events=started,
-            )
-            self.next_seq += 1
-            self.last_response_id = response.id
-            self.served_model = request.model
-            self._fresh_tools = (
-                tuple(u.id for u in message.tool_uses),
-                frozenset(e.call_id for e in started),
-            )
-            await self.after_response(call_id, call, response)
-
+        commit = partial(self._commit_response, call_id, call, request.model)
         try:
             return await self.request_once(request, attempt=attempt, on_response=commit)
         except ModelError as error:
@@ -578,6 +550,38 @@ class AgentRun(ToolCalls, RunContext):
                 call_id, status="error", error_type=type(error).__name__, error=str(error)
             )
             raise
+
+    async def _commit_response(
+        self, call_id: int, call: CallRecord, model: str, response: ModelResponse
+    ) -> None:
+        """Commit a call's answer (its assistant message, usage, and the ``started`` marks
+        of the tools it asks for) in one transaction, inside the call's span."""
+        message = response.to_message()
+        started = self._started_events(message.tool_uses)
+        await self.env.store.finish_call(
+            call_id,
+            status="ok",
+            message=MessageRecord(
+                run_id=self.id,
+                seq=self.next_seq,
+                role="assistant",
+                content=message_json(message),
+                created=time.time(),
+            ),
+            response_id=response.id,
+            model=response.model,
+            stop_reason=response.stop_reason,
+            usage=usage_json(response.usage),
+            tool_events=started,
+        )
+        self.next_seq += 1
+        self.last_response_id = response.id
+        self.served_model = model
+        self._fresh_tools = (
+            tuple([u.id for u in message.tool_uses]),
+            frozenset([e.call_id for e in started]),
+        )
+        await self.after_response(call_id, call, response)
 
     async def after_response(self, call_id: int, call: CallRecord, response: ModelResponse) -> None:
         """Records a cache break if this call read less cache than it could; then runs the

@@ -114,6 +114,8 @@ class RunEvents:
 
     def run_done(self, output: str, stop_reason: str | None = None) -> None:
         """``run_finished``; ``stop_reason`` when a limit ended the run with its report."""
+        if not self._bus.active:
+            return
         self.emit(
             ev.RunFinished,
             status="done",
@@ -188,9 +190,13 @@ class RunEvents:
 
     # ------------------------------------------------------------------ tools
     def tool_started(self, use: ToolUseBlock) -> None:
+        if not self._bus.active:  # the event's fields are not even gathered
+            return
         self.emit(ev.ToolCallStarted, call_id=use.id, tool=use.name, arguments=use.input)
 
     def tool_finished(self, use: ToolUseBlock, outcome: ToolOutcome) -> None:
+        if not self._bus.active:
+            return
         self.emit(
             ev.ToolCallFinished,
             call_id=use.id,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from anabranch.agents import Agent
-from anabranch.context._cache import place_breakpoints
+from anabranch.context._cache import breakpoints, place_breakpoints
 from anabranch.context._output import output_instructions
 from anabranch.context._prompt import SubagentInfo, assemble_system
-from anabranch.messages import Message, ModelRequest, SystemBlock, ToolDefinition
+from anabranch.messages import CacheTTL, Message, ModelRequest, SystemBlock, ToolDefinition
 from anabranch.runtime._bootstrap import prompt_inputs
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.store import RunRecord
@@ -78,16 +78,30 @@ def run_request(
     last_response_id: str | None,
     tool_choice: str | None = None,
     max_tokens: int | None = None,
+    placed: bool = False,
 ) -> ModelRequest:
     """A run's request for ``context`` under its snapshot and the agent's settings
-    (``tool_choice`` overrides the agent's; breakpoints not placed yet)."""
+    (``tool_choice`` overrides the agent's). ``placed``: with the cache breakpoints the
+    agent's policy places, built as one request (what ``with_breakpoints`` would return)."""
     settings = agent.model_settings
+    messages = tuple(context)
+    marks: tuple[tuple[int, CacheTTL], ...] = ()
+    if placed:
+        policy = agent.context
+        tools, system, marks = breakpoints(
+            tools,
+            system,
+            messages,
+            ttl=policy.cache_ttl if policy.cache_breakpoints else None,
+            prefix_ttl=policy.prefix_cache_ttl,
+        )
     return ModelRequest(
         model=agent.model,
         system=system,
         tools=tools,
-        messages=tuple(context),
+        messages=messages,
         max_tokens=max_tokens or agent.max_tokens,
+        message_breakpoints=marks,
         settings=settings
         if tool_choice is None
         else settings.model_copy(update={"tool_choice": tool_choice}),

@@ -18,7 +18,7 @@ from anabranch.agents import Agent
 from anabranch.agents._tools import Pin
 from anabranch.errors import ApprovalPendingError
 from anabranch.messages import ToolDefinition, ToolResultBlock, ToolUseBlock
-from anabranch.runtime._approval import GatedRun, gate_calls, needs_approval
+from anabranch.runtime._approval import ApprovalGate, GatedRun, gate_calls, needs_approval
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
 from anabranch.runtime._context_view import ContextView
 from anabranch.runtime._environment import Environment
@@ -91,36 +91,16 @@ class ToolCalls:
         outcomes.update(gate.denied)
         todo = [use for use in todo if not gate.held(use)]
 
-        async def run_one(use: ToolUseBlock) -> None:
-            try:
-                self.events.tool_started(use)
-                outcome = await self._run_tool(
-                    use, interrupted=use.id in started, marked=use.id in marked
-                )
-                await self._commit_pins(use, outcome)  # before the result: a crash re-runs
-                await self.env.store.record_tool_event(self._finished_event(use, outcome))
-                outcomes[use.id] = outcome
-                self.events.tool_finished(use, outcome)
-            except ApprovalPendingError as pending:  # a sub-agent waits: this run pauses too
-                gate.keep(pending)  # and sibling calls finish
-
-        async def run_all() -> None:
-            if len(todo) == 1:
-                await run_one(todo[0])
-            else:
-                async with anyio.create_task_group() as group:
-                    for use in todo:
-                        group.start_soon(run_one, use)
-
         limits = session_limits(self.env)
         deadline = limits.deadline(self.id)
         cut = anyio.current_time() >= deadline  # past it, nothing more runs
         if todo and not cut:
+            calls = self._run_calls(todo, gate, outcomes, started, marked)
             if deadline == math.inf:  # no time limit: no cancel scope to build per turn
-                await run_all()
+                await calls
             else:
                 with anyio.CancelScope(deadline=deadline) as scope:  # the limit cuts tools off
-                    await run_all()
+                    await calls
                 cut = scope.cancelled_caught
         for use in todo if cut else ():
             if use.id not in outcomes and not gate.held(use):  # cut off by the time limit
@@ -145,6 +125,9 @@ class ToolCalls:
             for spill in ingested.spills:
                 await self.env.store.save_spill(spill.handle, self.id, spill.call_id, spill.content)
             outcome = ingested.outcome
+            if outcome is outcomes[use.id]:  # enters the context as committed: the same block
+                results.append(self.committed_results[use.id])
+                continue
             results.append(
                 ToolResultBlock(
                     tool_use_id=use.id,
@@ -154,6 +137,45 @@ class ToolCalls:
                 )
             )
         return results
+
+    async def _run_calls(
+        self,
+        todo: list[ToolUseBlock],
+        gate: ApprovalGate,
+        outcomes: dict[str, ToolOutcome],
+        started: set[str],
+        marked: frozenset[str],
+    ) -> None:
+        """Run ``todo`` (in parallel if several), each outcome into ``outcomes``."""
+        if len(todo) == 1:
+            use = todo[0]
+            await self._run_one(use, gate, outcomes, use.id in started, use.id in marked)
+            return
+        async with anyio.create_task_group() as group:
+            for use in todo:
+                group.start_soon(
+                    self._run_one, use, gate, outcomes, use.id in started, use.id in marked
+                )
+
+    async def _run_one(
+        self,
+        use: ToolUseBlock,
+        gate: ApprovalGate,
+        outcomes: dict[str, ToolOutcome],
+        interrupted: bool,
+        marked: bool,
+    ) -> None:
+        """Run one call and commit its ``finished`` event (its pins first: a crash between
+        them runs it again)."""
+        try:
+            self.events.tool_started(use)
+            outcome = await self._run_tool(use, interrupted=interrupted, marked=marked)
+            await self._commit_pins(use, outcome)
+            await self.env.store.record_tool_event(self._finished_event(use, outcome))
+            outcomes[use.id] = outcome
+            self.events.tool_finished(use, outcome)
+        except ApprovalPendingError as pending:  # a sub-agent waits: this run pauses too
+            gate.keep(pending)  # and sibling calls finish
 
     def _started_events(self, uses: Sequence[ToolUseBlock]) -> list[ToolEventRecord]:
         """``started`` events for the calls that will run, committed with the response."""
