@@ -19,7 +19,8 @@ from anabranch.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from anabranch.runtime._run_prompt import run_request, with_breakpoints
+from anabranch.runtime._run_prompt import build_prompt, run_request, with_breakpoints
+from anabranch.store import RunRecord
 from anabranch.traces import Tracing
 
 
@@ -134,3 +135,16 @@ def test_the_request_built_with_its_marks_is_the_placed_request(policy: ContextP
         assert one.model_dump_json() == two_steps.model_dump_json()
         assert one.fingerprint() == two_steps.fingerprint()
         assert with_breakpoints(agent, one) is one  # placed already: nothing to copy
+
+
+def test_runs_of_one_agent_share_their_prompt_blocks() -> None:
+    def record(run_id: str) -> RunRecord:
+        return RunRecord(id=run_id, session_id="s", agent_name="a", model="m", created=0.0)
+
+    agent = Agent(name="a", tools=[alpha, beta], instructions="Work.")
+    first = build_prompt(agent, record("run_1"), ())
+    second = build_prompt(agent, record("run_2"), ())
+    assert first[0] is second[0] and first[1] is second[1]  # one copy for every run
+    other = build_prompt(agent.model_copy(update={"instructions": "Rest."}), record("r3"), ())
+    assert other[0] != first[0] and other[1] == first[1]
+    assert [t.name for t in other[1]] == ["alpha", "beta"] and other[1][-1].cache == "5m"

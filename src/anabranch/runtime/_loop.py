@@ -16,6 +16,7 @@ Nothing here is ever updated in place: every step appends.
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -365,8 +366,10 @@ class AgentRun(ToolCalls, RunContext):
                 if self.agent.on_limit == "fail":
                     with anyio.fail_after(self.agent.timeout):
                         output = await self.alongside(self._loop)
+                elif (deadline := limits.hard_deadline(self.id)) == math.inf:
+                    output = await self.alongside(self._loop)  # nothing to cut it off
                 else:
-                    with anyio.CancelScope(deadline=limits.hard_deadline(self.id)) as cap:
+                    with anyio.CancelScope(deadline=deadline) as cap:
                         output = await self.alongside(self._loop)
                     if cap.cancelled_caught:
                         raise await limits.cut_off_run(self)

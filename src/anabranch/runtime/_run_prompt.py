@@ -8,7 +8,14 @@ from anabranch.agents import Agent
 from anabranch.context._cache import breakpoints, place_breakpoints
 from anabranch.context._output import output_instructions
 from anabranch.context._prompt import SubagentInfo, assemble_system
-from anabranch.messages import CacheTTL, Message, ModelRequest, SystemBlock, ToolDefinition
+from anabranch.messages import (
+    CacheTTL,
+    Message,
+    ModelRequest,
+    SystemBlock,
+    ToolDefinition,
+    canonical_json,
+)
 from anabranch.runtime._bootstrap import prompt_inputs
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.store import RunRecord
@@ -52,7 +59,32 @@ def build_prompt(
     if definitions:
         last = definitions[-1]
         definitions[-1] = last.model_copy(update={"cache": ttl})
-    return system, tuple(definitions)
+    return _shared(system, tuple(definitions))
+
+
+_SHARED_PROMPTS: dict[str, tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]] = {}
+_SHARED_LIMIT = 64
+
+
+def _shared(
+    system: tuple[SystemBlock, ...], tools: tuple[ToolDefinition, ...]
+) -> tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]:
+    """An equal prompt built earlier, if there is one: the very same (frozen) blocks.
+
+    A thousand runs of one agent then hold one copy of its system blocks and tool
+    definitions instead of a thousand, and what is derived from them by identity (their
+    digests, the request fingerprint's prefix) is computed once. Equal means the same
+    canonical JSON, the bytes a snapshot stores."""
+    key = canonical_json(
+        [[b.model_dump(mode="json") for b in system], [t.model_dump(mode="json") for t in tools]]
+    )
+    found = _SHARED_PROMPTS.get(key)
+    if found is not None:
+        return found
+    _SHARED_PROMPTS[key] = (system, tools)
+    while len(_SHARED_PROMPTS) > _SHARED_LIMIT:
+        del _SHARED_PROMPTS[next(iter(_SHARED_PROMPTS))]
+    return system, tools
 
 
 def tool_guidance(agent: Agent, builtins: Sequence[BuiltinTool]) -> list[str]:
