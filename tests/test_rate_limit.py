@@ -10,11 +10,14 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
+import anyio.to_thread
+import psycopg
 import pytest
 
-from anabranch.errors import RateLimitedError
+from anabranch.errors import RateLimitedError, StoreError
 from anabranch.messages import Message, ModelRequest, ModelResponse, TextBlock, Usage
 from anabranch.models import CallRate, Charge, LocalCallLimiter, RateLimitedModel
 from anabranch.models._rate import admission_wait
@@ -240,6 +243,56 @@ async def test_a_pause_written_by_one_limiter_holds_every_other(postgres_dsn: st
             with anyio.fail_after(30):
                 await other.acquire(ONE)
             assert time.monotonic() - start >= 0.75  # not before the pause ended
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_process_frozen_mid_grant_holds_the_others_only_for_its_stall_timeout(
+    postgres_dsn: str,
+) -> None:
+    """A process stopped inside a grant's transaction keeps the limit's row locked; its
+    limiter's session is ended by the server after ``stall_timeout``, so the others go on
+    (before: they waited for as long as it stayed frozen)."""
+    from anabranch.models import PostgresCallLimiter
+
+    rate = CallRate(requests=100, period=5, name="frozen")
+    async with PostgresCallLimiter(postgres_dsn, rate, stall_timeout=1.0) as frozen:
+        async with PostgresCallLimiter(postgres_dsn, rate) as other:
+            await other.acquire(ONE)  # the limit's row exists
+
+            def stop_mid_grant(conn: Any) -> None:  # what SIGSTOP inside a grant leaves
+                conn.execute("BEGIN")
+                conn.execute("SELECT 1 FROM call_limits WHERE name = 'frozen' FOR UPDATE")
+
+            await frozen._run(stop_mid_grant)
+
+            def frozen_session_ended(deadline: float) -> bool:
+                """Whether the server ended the frozen session (polled, up to deadline)."""
+                with psycopg.connect(postgres_dsn, autocommit=True) as watch:
+                    end = time.monotonic() + deadline
+                    while time.monotonic() < end:
+                        row = watch.execute(
+                            "SELECT count(*) FROM pg_stat_activity WHERE application_name"
+                            " = 'anabranch-limiter' AND state = 'idle in transaction'"
+                        ).fetchone()
+                        if row is not None and row[0] == 0:
+                            return True
+                        time.sleep(0.1)
+                return False
+
+            # the server ends the frozen session, not us
+            assert await anyio.to_thread.run_sync(frozen_session_ended, 30.0)
+            with anyio.fail_after(30):  # and the row it had locked is free again
+                await other.acquire(ONE)
+            with anyio.fail_after(30):  # the frozen one reconnects when it runs again
+                while True:
+                    try:
+                        await frozen.acquire(ONE)
+                        break
+                    except StoreError:
+                        continue
+    with pytest.raises(ValueError, match="stall_timeout must be > 0"):
+        PostgresCallLimiter(postgres_dsn, rate, stall_timeout=0)
 
 
 GRANTER = """

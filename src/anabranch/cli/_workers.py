@@ -120,7 +120,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     model = _offline_model(args.files, args.offline)
     async with AsyncExitStack() as stack:
         if rate is not None:
-            model = await _rate_limited(stack, model, args.db, rate)
+            model = await _rate_limited(stack, model, args.db, rate, args.lease_ttl)
         rt = await stack.enter_async_context(
             Runtime(
                 db=args.db,
@@ -138,9 +138,12 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _rate_limited(stack: AsyncExitStack, model: Any, dsn: str, rate: Any) -> Any:
+async def _rate_limited(
+    stack: AsyncExitStack, model: Any, dsn: str, rate: Any, lease_ttl: float
+) -> Any:
     """``model`` (default: the Anthropic client) under ``rate``, shared by every worker on
-    the database; closed with ``stack``."""
+    the database; closed with ``stack``. A worker frozen inside a grant holds the others
+    back no longer than it holds its leases (``lease_ttl``)."""
     from anabranch.models._pg_rate import PostgresCallLimiter
     from anabranch.models._rate import RateLimitedModel
 
@@ -148,7 +151,7 @@ async def _rate_limited(stack: AsyncExitStack, model: Any, dsn: str, rate: Any) 
         from anabranch.models._anthropic import AnthropicModel
 
         model = AnthropicModel()
-    limiter = PostgresCallLimiter(dsn, rate)
+    limiter = PostgresCallLimiter(dsn, rate, stall_timeout=lease_ttl)
     await limiter.open()
     stack.push_async_callback(limiter.aclose)
     limited = RateLimitedModel(model, limiter)

@@ -31,9 +31,16 @@ __all__ = ["PostgresCallLimiter"]
 class PostgresCallLimiter:
     """A ``CallLimiter`` shared through PostgreSQL (``async with``, or ``open``/``aclose``)."""
 
-    def __init__(self, dsn: str, rate: CallRate) -> None:
+    def __init__(self, dsn: str, rate: CallRate, *, stall_timeout: float = 30.0) -> None:
+        """``stall_timeout``: seconds after which PostgreSQL ends this limiter's session if
+        it sits inside a grant's transaction waiting for this process (a process stopped or
+        frozen mid-grant would otherwise keep the limit's row locked, and every process
+        sharing the limit would wait on it for as long as it stays frozen)."""
+        if not stall_timeout > 0:
+            raise ValueError(f"stall_timeout must be > 0 seconds, got {stall_timeout!r}")
         self.rate = rate
         self._dsn = dsn
+        self._stall_timeout = stall_timeout
         self._conn: Conn | None = None
         self._turn = anyio.Lock()  # this process's callers, first come first served
         self._use = anyio.Lock()  # one statement batch at a time on the connection
@@ -138,7 +145,11 @@ class PostgresCallLimiter:
     def _call(self, fn: Any) -> Any:
         try:
             if self._conn is None or self._conn.broken or self._conn.closed:
-                conn = connect(self._dsn, application_name="anabranch-limiter")
+                conn = connect(
+                    self._dsn,
+                    application_name="anabranch-limiter",
+                    stall_timeout=self._stall_timeout,
+                )
                 migrate(conn, True, redact_dsn(self._dsn))
                 # grants are not history: a crash of the server may forget the last few
                 # (a few more calls in that window), so a grant need not wait for fsync
