@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.to_thread
-import psycopg
 import pytest
 
 from anabranch.errors import RateLimitedError, StoreError
@@ -22,6 +20,8 @@ from anabranch.messages import Message, ModelRequest, ModelResponse, TextBlock, 
 from anabranch.models import CallRate, Charge, LocalCallLimiter, RateLimitedModel
 from anabranch.models._rate import admission_wait
 from anabranch.testing import FunctionModel
+from tests.databases import rows
+from tests.test_workers import poll
 
 ONE = Charge(1, 0)
 
@@ -266,22 +266,15 @@ async def test_a_process_frozen_mid_grant_holds_the_others_only_for_its_stall_ti
 
             await frozen._run(stop_mid_grant)
 
-            def frozen_session_ended(deadline: float) -> bool:
-                """Whether the server ended the frozen session (polled, up to deadline)."""
-                with psycopg.connect(postgres_dsn, autocommit=True) as watch:
-                    end = time.monotonic() + deadline
-                    while time.monotonic() < end:
-                        row = watch.execute(
-                            "SELECT count(*) FROM pg_stat_activity WHERE application_name"
-                            " = 'anabranch-limiter' AND state = 'idle in transaction'"
-                        ).fetchone()
-                        if row is not None and row[0] == 0:
-                            return True
-                        time.sleep(0.1)
-                return False
+            async def frozen_session_ended() -> bool:
+                idle = rows(
+                    postgres_dsn,
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name"
+                    " = 'anabranch-limiter' AND state = 'idle in transaction'",
+                )
+                return bool(idle[0][0] == 0)
 
-            # the server ends the frozen session, not us
-            assert await anyio.to_thread.run_sync(frozen_session_ended, 30.0)
+            await poll(frozen_session_ended, deadline=30)  # the server ends it, not us
             with anyio.fail_after(30):  # and the row it had locked is free again
                 await other.acquire(ONE)
             with anyio.fail_after(30):  # the frozen one reconnects when it runs again
