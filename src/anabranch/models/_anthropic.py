@@ -37,6 +37,7 @@ from anabranch.models._clouds import (
     provider_of,
     without_unsupported_ttl,
 )
+from anabranch.models._compaction_request import compaction_request
 from anabranch.models._errors import api_error
 from anabranch.models._gateway import GatewayNotice, public_channel
 from anabranch.models._provider_limits import saw_headers
@@ -289,18 +290,6 @@ def request_to_params(request: ModelRequest) -> dict[str, Any]:
 
 COMPACT_BETA = "compact-2026-09-04"
 """The beta of compaction on demand (``compaction`` parameter and block)."""
-
-
-def compaction_request(request: ModelRequest, instructions: str | None = None) -> ModelRequest:
-    """``request`` as a compaction request: the ``compaction`` parameter travels in the
-    settings' extra body (SDK 2.x names it only on its beta surface)."""
-    compaction: dict[str, str] = {"type": "summarize"}
-    if instructions and instructions.strip():
-        compaction["instructions"] = instructions
-    body = {**request.settings.extra_body, "compaction": compaction}
-    return request.model_copy(
-        update={"settings": request.settings.model_copy(update={"extra_body": body})}
-    )
 
 
 def is_compaction_block(block: Block) -> bool:

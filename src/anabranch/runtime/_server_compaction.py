@@ -24,7 +24,7 @@ from anabranch.context._content import content_violations
 from anabranch.context._digest import Manifest, manifest
 from anabranch.context._tokens import estimate_messages
 from anabranch.messages import Message, ModelRequest, RawBlock
-from anabranch.models._anthropic import compaction_request
+from anabranch.models._compaction_request import compaction_request
 from anabranch.runtime._context_view import ContextView
 from anabranch.runtime._head import handles_in
 from anabranch.runtime._run_prompt import with_breakpoints
