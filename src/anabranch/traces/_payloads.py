@@ -88,24 +88,29 @@ def semconv_messages(messages: Sequence[Message]) -> str:
     return compact_json([{"role": m.role, "parts": message_parts(m)} for m in messages])
 
 
-def usage_attributes(usage: Usage) -> dict[str, Any]:
-    """GenAI usage (input = uncached + cache read + cache write) and the OpenInference counts.
+def usage_attributes(usage: Usage, into: dict[str, Any] | None = None) -> dict[str, Any]:
+    """GenAI usage (input = uncached + cache read + cache write) and the OpenInference counts,
+    added to ``into`` (a new dict by default) and returned.
 
     The cache-write count goes under its current name (``cache_write``) and its former one
     (``cache_creation``), which Phoenix still reads.
     """
+    attributes = {} if into is None else into
     total_input = usage.total_input_tokens
-    return {
-        "gen_ai.usage.input_tokens": total_input,
-        "gen_ai.usage.output_tokens": usage.output_tokens,
-        "gen_ai.usage.cache_read.input_tokens": usage.cache_read_input_tokens,
-        "gen_ai.usage.cache_write.input_tokens": usage.cache_creation_input_tokens,
-        "gen_ai.usage.cache_creation.input_tokens": usage.cache_creation_input_tokens,
-        "llm.token_count.prompt": total_input,
-        "llm.token_count.completion": usage.output_tokens,
-        "llm.token_count.total": total_input + usage.output_tokens,
-        "llm.token_count.prompt_details.cache_read": usage.cache_read_input_tokens,
-        "llm.token_count.prompt_details.cache_write": usage.cache_creation_input_tokens,
-        "gen_ai.usage.reasoning.output_tokens": usage.thinking_tokens,
-        "llm.token_count.completion_details.reasoning": usage.thinking_tokens,
-    }
+    output = usage.output_tokens
+    read = usage.cache_read_input_tokens
+    write = usage.cache_creation_input_tokens
+    thinking = usage.thinking_tokens
+    attributes["gen_ai.usage.input_tokens"] = total_input
+    attributes["gen_ai.usage.output_tokens"] = output
+    attributes["gen_ai.usage.cache_read.input_tokens"] = read
+    attributes["gen_ai.usage.cache_write.input_tokens"] = write
+    attributes["gen_ai.usage.cache_creation.input_tokens"] = write
+    attributes["llm.token_count.prompt"] = total_input
+    attributes["llm.token_count.completion"] = output
+    attributes["llm.token_count.total"] = total_input + output
+    attributes["llm.token_count.prompt_details.cache_read"] = read
+    attributes["llm.token_count.prompt_details.cache_write"] = write
+    attributes["gen_ai.usage.reasoning.output_tokens"] = thinking
+    attributes["llm.token_count.completion_details.reasoning"] = thinking
+    return attributes

@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from opentelemetry import trace
@@ -28,9 +29,11 @@ from anabranch.messages import (
     Usage,
 )
 from anabranch.traces._current import (
+    NO_ATTRIBUTES,
     CurrentSpan,
     links_or_none,
     safe_set,
+    set_all,
 )
 from anabranch.traces._payloads import (
     compact_json,
@@ -99,6 +102,9 @@ class Tracing:
     ) -> None:
         provider = tracer_provider or trace.get_tracer_provider()
         self._tracer = provider.get_tracer("anabranch")
+        self._records = not isinstance(self._tracer, trace.NoOpTracer)
+        """False for a no-op tracer: its spans never record, so the hot spans build no
+        attributes for it (a proxy for the global provider may record later: it counts)."""
         self.capture_content = (
             content_capture_from_env() if capture_content is None else capture_content
         )
@@ -110,8 +116,13 @@ class Tracing:
         attributes: Mapping[str, Any],
         links: Sequence[Link] = (),
     ) -> CurrentSpan:
-        """A current span; if the SDK or a span processor fails, the run goes on without it."""
-        return CurrentSpan(self._tracer, name, kind, attributes, links_or_none(links))
+        """A current span; if the SDK or a span processor fails, the run goes on without it.
+
+        ``None`` values are left out (the hot spans build theirs without any instead)."""
+        if not self._records:
+            return CurrentSpan(self._tracer, name, kind, NO_ATTRIBUTES)
+        kept = {k: v for k, v in attributes.items() if v is not None}
+        return CurrentSpan(self._tracer, name, kind, kept, links_or_none(links))
 
     @staticmethod
     def span_ref(span: Span) -> SpanRef | None:
@@ -229,6 +240,9 @@ class Tracing:
         The anthropic SDK's own spans are turned off (see ``AnthropicModel``), so this is the
         only inference span. ``purpose`` marks calls that are not agent turns (``compaction``).
         """
+        name = f"chat {model}"
+        if not self._records:
+            return CurrentSpan(self._tracer, name, SpanKind.CLIENT, NO_ATTRIBUTES)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": PROVIDER,
@@ -241,19 +255,15 @@ class Tracing:
             "llm.provider": PROVIDER,
             "llm.system": PROVIDER,
             "anabranch.attempt": attempt,
-            "anabranch.call.purpose": purpose,
         }
+        if purpose is not None:
+            attributes["anabranch.call.purpose"] = purpose
         if compacted:
             attributes["gen_ai.conversation.compacted"] = True
+        more = None
         if self.capture_content and messages is not None:
-            attributes["gen_ai.input.messages"] = semconv_messages(messages)
-            attributes["input.value"] = compact_json([message_json(m) for m in messages])
-            attributes["input.mime_type"] = "application/json"
-            if system:
-                attributes["gen_ai.system_instructions"] = compact_json(
-                    [{"type": "text", "content": b.text} for b in system]
-                )
-        return self._span(f"chat {model}", SpanKind.CLIENT, attributes)
+            more = partial(_request_content, messages, system)  # built only if it records
+        return CurrentSpan(self._tracer, name, SpanKind.CLIENT, attributes, None, more)
 
     def model_response(
         self,
@@ -265,12 +275,14 @@ class Tracing:
         usage: Usage,
         output: Message | None = None,
     ) -> None:
+        if not span.is_recording():
+            return
         attributes: dict[str, Any] = {
             "gen_ai.response.id": response_id,
             "gen_ai.response.model": response_model,
             "gen_ai.response.finish_reasons": [stop_reason or "unknown"],
-            **usage_attributes(usage),
         }
+        usage_attributes(usage, attributes)
         if self.capture_content and output is not None:
             attributes["gen_ai.output.messages"] = compact_json(
                 [
@@ -283,7 +295,7 @@ class Tracing:
             )
             attributes["output.value"] = compact_json(message_json(output))
             attributes["output.mime_type"] = "application/json"
-        safe_set(span, attributes)
+        set_all(span, attributes)
 
     def model_error(self, span: Span, error: BaseException) -> None:
         """Mark an inference span as failed (a retried attempt ends without raising)."""
@@ -316,23 +328,26 @@ class Tracing:
         arguments: dict[str, Any] | None = None,
     ) -> CurrentSpan:
         """``execute_tool {tool}``; a spawned agent's ``invoke_agent`` span nests under it."""
+        name = f"execute_tool {tool}"
+        if not self._records:
+            return CurrentSpan(self._tracer, name, SpanKind.INTERNAL, NO_ATTRIBUTES)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": tool,
             "gen_ai.tool.call.id": call_id,
             "gen_ai.tool.type": "function",
-            "gen_ai.tool.description": description or None,
-            "gen_ai.conversation.id": session_id,
-            "openinference.span.kind": "TOOL",
-            "session.id": session_id,
-            "tool.name": tool,
-            "tool.id": call_id,
         }
+        if description:
+            attributes["gen_ai.tool.description"] = description
+        attributes["gen_ai.conversation.id"] = session_id
+        attributes["openinference.span.kind"] = "TOOL"
+        attributes["session.id"] = session_id
+        attributes["tool.name"] = tool
+        attributes["tool.id"] = call_id
+        more = None
         if self.capture_content and arguments is not None:
-            attributes["gen_ai.tool.call.arguments"] = compact_json(arguments)
-            attributes["input.value"] = compact_json(arguments)
-            attributes["input.mime_type"] = "application/json"
-        return self._span(f"execute_tool {tool}", SpanKind.INTERNAL, attributes)
+            more = partial(_arguments_content, arguments)  # built only if it records
+        return CurrentSpan(self._tracer, name, SpanKind.INTERNAL, attributes, None, more)
 
     def tool_result(
         self,
@@ -342,6 +357,13 @@ class Tracing:
         attachments: Sequence[Image | Document] = (),
     ) -> None:
         """A tool's outcome; its images and documents by kind and size only, always."""
+        if is_error:
+            try:
+                span.set_status(Status(StatusCode.ERROR))
+            except Exception:  # pragma: no cover
+                _log.debug("could not set span status", exc_info=True)
+        if not span.is_recording():
+            return
         attributes: dict[str, Any] = {"anabranch.tool.is_error": is_error}
         if attachments:
             attributes["anabranch.tool.attachments"] = [
@@ -350,15 +372,11 @@ class Tracing:
             ]
         if is_error:
             attributes["error.type"] = "tool_error"
-            try:
-                span.set_status(Status(StatusCode.ERROR))
-            except Exception:  # pragma: no cover
-                _log.debug("could not set span status", exc_info=True)
         if self.capture_content:
             attributes["gen_ai.tool.call.result"] = content
             attributes["output.value"] = content
             attributes["output.mime_type"] = "text/plain"
-        safe_set(span, attributes)
+        set_all(span, attributes)
 
     def cache_break(
         self,
@@ -545,3 +563,29 @@ class Tracing:
             span.add_event(name, {k: v for k, v in attributes.items() if v is not None})
         except Exception:  # pragma: no cover
             _log.debug("could not add span event", exc_info=True)
+
+
+def _request_content(
+    messages: tuple[Message, ...], system: Sequence[SystemBlock] | None
+) -> dict[str, Any]:
+    """A model call's captured input (opt-in): built only for a span that records."""
+    attributes: dict[str, Any] = {
+        "gen_ai.input.messages": semconv_messages(messages),
+        "input.value": compact_json([message_json(m) for m in messages]),
+        "input.mime_type": "application/json",
+    }
+    if system:
+        attributes["gen_ai.system_instructions"] = compact_json(
+            [{"type": "text", "content": b.text} for b in system]
+        )
+    return attributes
+
+
+def _arguments_content(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A tool call's captured arguments (opt-in), encoded once for both keys."""
+    encoded = compact_json(arguments)
+    return {
+        "gen_ai.tool.call.arguments": encoded,
+        "input.value": encoded,
+        "input.mime_type": "application/json",
+    }
