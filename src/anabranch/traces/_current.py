@@ -115,7 +115,7 @@ class CurrentSpan:
             if more is not None:
                 try:
                     attributes = {**attributes, **more()}
-                except Exception:  # pragma: no cover - content that cannot be encoded
+                except Exception:  # content that cannot be encoded: the span goes without it
                     _log.debug("could not build attributes of span %s", self._name, exc_info=True)
             set_all(span, attributes)
         return span
