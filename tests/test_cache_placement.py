@@ -11,6 +11,7 @@ from anabranch.messages import (
     ModelRequest,
     SystemBlock,
     TextBlock,
+    ThinkingBlock,
     ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
@@ -132,3 +133,75 @@ def test_placement_invariants(request: ModelRequest, ttl: str, prefix_ttl: str |
     if request.system:
         assert placed.system[0].cache is not None
     assert placed.messages == request.messages
+
+
+def _can_carry(message: Message) -> bool:
+    """A message whose last block is no thinking and no empty text."""
+    if not message.content:
+        return False
+    block = message.content[-1]
+    return not isinstance(block, ThinkingBlock) and block != TextBlock(text="")
+
+
+def _by_priority(
+    request: ModelRequest, ttl: str | None, prefix_ttl: str | None
+) -> tuple[list[str | None], list[str | None], tuple[tuple[int, str], ...]]:
+    """The placement as the design states it, from scratch: in priority order the last
+    message (if it can carry one), the first and the last system block, the previous
+    call's breakpoint when more than ``LOOKBACK_BLOCKS`` blocks follow it, the tool list;
+    the first four of those."""
+    if ttl is None:
+        return [None] * len(request.tools), [None] * len(request.system), ()
+    messages, wanted = request.messages, []
+    if messages and _can_carry(messages[-1]):
+        wanted.append(("message", len(messages) - 1))
+    if request.system:
+        wanted.append(("system", 0))
+    if len(request.system) > 1:
+        wanted.append(("system", len(request.system) - 1))
+    assistants = [i for i, m in enumerate(messages) if m.role == "assistant"]
+    if assistants and assistants[-1] > 0:
+        anchor = assistants[-1] - 1
+        blocks = sum(len(m.content) for m in messages[anchor + 1 :])
+        if blocks >= LOOKBACK_BLOCKS and _can_carry(messages[anchor]):
+            wanted.append(("message", anchor))
+    if request.tools:
+        wanted.append(("tool", len(request.tools) - 1))
+    chosen = wanted[:MAX_BREAKPOINTS]
+    head = prefix_ttl or ttl
+    tools = [head if ("tool", i) in chosen else None for i in range(len(request.tools))]
+    system = [head if ("system", i) in chosen else None for i in range(len(request.system))]
+    sent = "5m" if head == "5m" else ttl
+    return tools, system, tuple(sorted((i, sent) for kind, i in chosen if kind == "message"))
+
+
+@st.composite
+def contexts(draw: st.DrawFn) -> ModelRequest:
+    request = draw(requests())
+    ending = draw(st.sampled_from(["none", "text", "empty", "thinking"]))
+    extra = {
+        "none": (),
+        "text": (TextBlock(text="done"),),
+        "empty": (TextBlock(text=""),),
+        "thinking": (ThinkingBlock(thinking="hm", signature="s"),),
+    }[ending]
+    if not extra:
+        return request
+    answer = Message(role="assistant", content=extra)
+    return request.model_copy(update={"messages": (*request.messages, answer)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    contexts(),
+    st.sampled_from([None, "5m", "1h"]),
+    st.sampled_from([None, "5m", "1h"]),
+)
+def test_placement_follows_the_stated_priorities(
+    request: ModelRequest, ttl: str | None, prefix_ttl: str | None
+) -> None:
+    placed = place_breakpoints(request, ttl=ttl, prefix_ttl=prefix_ttl)  # type: ignore[arg-type]
+    tools, system, marks = _by_priority(request, ttl, prefix_ttl)
+    assert [t.cache for t in placed.tools] == tools
+    assert [b.cache for b in placed.system] == system
+    assert placed.message_breakpoints == marks

@@ -8,8 +8,10 @@ from anabranch import messages as messages_module
 from anabranch.messages import (
     Message,
     ModelRequest,
+    ModelSettings,
     SystemBlock,
     TextBlock,
+    ThinkingBlock,
     ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
@@ -39,7 +41,6 @@ def _forget_encodings(message: Message) -> None:
 
 
 def _uncached(request: ModelRequest) -> str:
-    messages_module._PREFIXES.clear()
     for message in request.messages:
         _forget_encodings(message)
     messages_module._PROMPTS.clear()
@@ -141,3 +142,115 @@ def test_a_cached_prompt_dies_with_its_blocks() -> None:
     del system
     gc.collect()
     assert len(messages_module._PROMPTS) == before
+
+
+# ---------------------------------------------------------------- the definition, pinned
+def _by_definition(request: ModelRequest) -> str:
+    """The fingerprint as defined (what stored call rows hold), computed from scratch."""
+    prompt = canonical_json(
+        {
+            "system": [b.model_dump(mode="json") for b in request.system],
+            "tools": [t.model_dump(mode="json") for t in request.tools],
+        }
+    )
+    head: dict[str, object] = {
+        "model": request.model,
+        "max_tokens": request.max_tokens,
+        "message_breakpoints": [list(b) for b in request.message_breakpoints],
+    }
+    if request.settings != ModelSettings():
+        head["settings"] = request.settings.model_dump(mode="json", exclude={"extra_headers"})
+    digests = b"".join(
+        hashlib.sha256(canonical_json(m.model_dump(mode="json")).encode()).digest()
+        for m in request.messages
+    )
+    whole = prompt.encode() + canonical_json(head).encode() + hashlib.sha256(digests).digest()
+    return hashlib.sha256(whole).hexdigest()
+
+
+def _golden() -> tuple[ModelRequest, ModelRequest]:
+    tool = ToolDefinition(
+        name="lookup",
+        description="Looks things up.",
+        input_schema={"type": "object", "properties": {"q": {"type": "string"}}},
+        cache="1h",
+    )
+    history = [
+        Message.user('Wie spät ist es? ✓ "quoted"'),
+        Message(
+            role="assistant",
+            content=(
+                TextBlock(text="checking"),
+                ToolUseBlock(id="t1", name="lookup", input={"q": "zeit", "n": [1, 2.5, None]}),
+            ),
+        ),
+        Message(role="user", content=(ToolResultBlock(tool_use_id="t1", content="12:00"),)),
+        Message(
+            role="assistant",
+            content=(
+                ThinkingBlock(thinking="hm", signature="sig"),
+                TextBlock(text="Es ist zwölf."),
+            ),
+        ),
+    ]
+    plain = ModelRequest(
+        model="claude-ü",
+        system=(SystemBlock(text="be brief", cache="1h"), SystemBlock(text="today")),
+        tools=(tool,),
+        messages=tuple(history),
+        max_tokens=1000,
+        message_breakpoints=((0, "1h"), (3, "5m")),
+    )
+    settings = ModelSettings(thinking_budget=2048, tool_choice="auto", extra_headers={"x": "y"})
+    return plain, plain.model_copy(update={"settings": settings})
+
+
+def test_stored_fingerprints_keep_their_values() -> None:
+    # computed by the code of round 4 (main 020bf63): call rows stored then must compare
+    plain, tuned = _golden()
+    assert plain.fingerprint() == "a0d035276164aff79e3affb6cb381457167c7d74b691938b47f29fadf120a6b0"
+    assert tuned.fingerprint() == "804679592441c965cf284666510e67ca0d36dbc78498747f7c94634e864d6bde"
+    empty = ModelRequest(model="m", messages=())
+    assert empty.fingerprint() == "5da11acca0498f887238144a65b247b46e3777ca35145c2aeb9d498d8e415c07"
+    for request in (plain, tuned, empty):
+        assert request.fingerprint() == _by_definition(request)
+
+
+def test_a_head_that_bypassed_validation_is_encoded_as_canonical_json() -> None:
+    plain, _ = _golden()
+    for update in ({"max_tokens": True}, {"message_breakpoints": ((False, "5m"),)}):
+        odd = plain.model_copy(update=update)
+        assert odd.fingerprint() == _by_definition(odd) != plain.fingerprint()
+
+
+def test_interleaved_runs_extend_their_own_prefix_and_match_the_definition() -> None:
+    runs = [_conversation(6) for _ in range(3)]
+    for end in range(1, len(runs[0]) + 1):
+        for history in runs:  # one call of each run in turn, as concurrent runs make them
+            request = ModelRequest(model="m", messages=tuple(history[:end]))
+            assert request.fingerprint() == _by_definition(request)
+    first = runs[0][0]
+    kept = first.__dict__[messages_module._PREFIX]
+    assert kept[1] == tuple(runs[0][1:])  # run 0's prefix extended call by call
+
+
+def test_a_changed_context_is_hashed_from_the_start() -> None:
+    history = _conversation(6)
+    full = ModelRequest(model="m", messages=tuple(history))
+    assert full.fingerprint() == _by_definition(full)
+    # a clear: a message in the middle replaced, the first one kept
+    stub = Message(role="user", content=(ToolResultBlock(tool_use_id="t1", content="[cleared]"),))
+    cleared = [*history[:6], stub, *history[7:]]
+    # a compaction: a new opening, then the kept tail (the very same objects)
+    compacted = [Message.user("summary of the earlier turns"), *history[-6:]]
+    # a rewind: the context before a compaction, shorter than what was hashed last
+    rewound = history[:9]
+    # equal messages in new objects, and an edited copy of the first one
+    copies = [Message.model_validate(m.model_dump()) for m in history]
+    edited = [history[0].model_copy(update={"content": (TextBlock(text="other"),)}), *history[1:]]
+    for context in (cleared, compacted, rewound, history, copies, edited, history[:1], history):
+        request = ModelRequest(model="m", messages=tuple(context))
+        assert request.fingerprint() == _by_definition(request)
+    assert (
+        ModelRequest(model="m", messages=tuple(edited)).fingerprint() != full.fingerprint()
+    )

@@ -12,20 +12,15 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from itertools import chain
+from operator import call
+from typing import Any, Generic, TypeVar
 
 __all__ = ["IdentityMemo"]
 
 V = TypeVar("V")
 
 _Key = tuple[int, ...]
-
-
-def _same(refs: tuple[weakref.ref[object], ...], objects: list[object]) -> bool:
-    for ref, item in zip(refs, objects, strict=True):
-        if ref() is not item:
-            return False
-    return True
 
 
 class IdentityMemo(Generic[V]):
@@ -39,16 +34,17 @@ class IdentityMemo(Generic[V]):
         self._entries: dict[_Key, tuple[tuple[weakref.ref[object], ...], V]] = {}
         self._limit = limit
 
-    def get(self, groups: Sequence[Sequence[object]], compute: Callable[[], V]) -> V:
-        """The value for ``groups`` (sequences of objects; their order and lengths count)."""
-        key: _Key = tuple(len(g) for g in groups)
-        for group in groups:
-            key += tuple(map(id, group))
+    def get(self, groups: Sequence[Sequence[Any]], compute: Callable[..., V]) -> V:
+        """The value for ``groups`` (sequences of objects; their order and lengths count):
+        ``compute(*groups)`` once while they live."""
+        objects = [*chain.from_iterable(groups)]
+        key: _Key = (*map(len, groups), *map(id, objects))
         entry = self._entries.get(key)
-        objects = [item for group in groups for item in group]
-        if entry is not None and _same(entry[0], objects):
+        # an entry goes with the first of its objects to die, so a live entry's objects are
+        # these very ones (equal ids of live objects); checked all the same, cheaply
+        if entry is not None and list(map(call, entry[0])) == objects:
             return entry[1]
-        value = compute()
+        value = compute(*groups)
         entries = self._entries
 
         def forget(_ref: weakref.ref[object]) -> None:

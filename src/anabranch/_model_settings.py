@@ -112,12 +112,16 @@ class ModelSettings(_Frozen):
         return self.tool_choice is not None and self.tool_choice not in ("auto", "none")
 
     def is_default(self) -> bool:
+        if self.__class__ is ModelSettings and self.__dict__ == _DEFAULT_SETTINGS.__dict__:
+            return True  # pydantic's own equality in its first test (asked at every call)
         return self == _DEFAULT_SETTINGS
 
     def cache_key(self) -> str:
         """What of these settings keys the messages part of the prompt cache."""
         if self.thinking == "adaptive":
             return canonical_json(["adaptive", self.tool_choice])
+        if self.thinking_budget is None and self.tool_choice is None:
+            return "[null,null]"  # the usual key (one per model call), as canonical_json has it
         return canonical_json([self.thinking_budget, self.tool_choice])
 
     def without_thinking(self) -> ModelSettings:

@@ -4,12 +4,20 @@ model relies on (no I/O, no pydantic models)."""
 from __future__ import annotations
 
 import json
+import json.encoder
 import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, ValidationInfo
 
-__all__ = ["ValidJSONObject", "ValidText", "canonical_json", "valid_json", "valid_text"]
+__all__ = [
+    "ValidJSONObject",
+    "ValidText",
+    "canonical_json",
+    "json_string",
+    "valid_json",
+    "valid_text",
+]
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -61,3 +69,8 @@ ValidJSONObject = Annotated[dict[str, Any], AfterValidator(_python_json)]
 def canonical_json(value: Any) -> str:
     """Deterministic JSON: sorted keys, no whitespace. Used for anything cached or hashed."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+json_string = json.encoder.encode_basestring
+"""``canonical_json`` of one string (the very function ``json.dumps`` uses for it with
+``ensure_ascii=False``): for encoders that write a fixed-shape record out directly."""

@@ -25,6 +25,7 @@ from anabranch._memo import IdentityMemo
 from anabranch._model_settings import ModelSettings, ToolChoice
 from anabranch._text import ValidJSONObject as _ValidJSONObject
 from anabranch._text import ValidText, canonical_json, valid_json, valid_text
+from anabranch._text import json_string as _json_string
 
 __all__ = [
     "Attachment",
@@ -61,6 +62,7 @@ __all__ = [
 ]
 
 CacheTTL = Literal["5m", "1h"]
+_TTLS = ("5m", "1h")
 StopReason = Literal[
     "end_turn",
     "max_tokens",
@@ -372,11 +374,6 @@ def _messages_digest(messages: tuple[Message, ...] | list[Message]) -> bytes:
     return b"".join(map(message_digest, messages))
 
 
-_PREFIXES: dict[int, tuple[tuple[Message, ...], Any]] = {}
-"""Recent message tuples (by ``id`` of their first message) with the hash state after them."""
-_PREFIX_LIMIT = 8
-
-
 _PROMPTS: IdentityMemo[hashlib._Hash] = IdentityMemo()
 
 
@@ -387,43 +384,62 @@ def _prompt_hash(
     reused while they are the same objects (a run sends its snapshot's with every call).
     Copy it before updating."""
 
-    def compute() -> hashlib._Hash:
-        return hashlib.sha256(
-            canonical_json(
-                {
-                    "system": [b.model_dump(mode="json") for b in system],
-                    "tools": [t.model_dump(mode="json") for t in tools],
-                }
-            ).encode()
-        )
+    return _PROMPTS.get((system, tools), _prompt_state)
 
-    return _PROMPTS.get((system, tools), compute)
+
+def _prompt_state(
+    system: tuple[SystemBlock, ...], tools: tuple[ToolDefinition, ...]
+) -> hashlib._Hash:
+    return hashlib.sha256(
+        canonical_json(
+            {
+                "system": [b.model_dump(mode="json") for b in system],
+                "tools": [t.model_dump(mode="json") for t in tools],
+            }
+        ).encode()
+    )
+
+
+_PREFIX = "_anabranch_prefix"
+"""Kept in the first message's ``__dict__``: (its digest, the messages that followed it in
+the latest request that began with it, the hash state after all of them)."""
+_EMPTY_HASH = hashlib.sha256().digest()
 
 
 def _messages_hash(messages: tuple[Message, ...]) -> bytes:
-    """Hash of the message digests in order, extending a recent request's prefix if it can.
+    """SHA-256 of the message digests in order, extending the latest request's if it can.
 
-    A conversation's next request usually repeats the previous one's messages and adds a
-    few: those are recognised by tuple equality (identity first, so it is cheap) and only
-    the new messages are hashed. Holds at most ``_PREFIX_LIMIT`` recent tuples.
+    A run's next request repeats the previous one's messages and adds a couple: the hash
+    state after them is kept with the first message (what every request of the run's
+    context begins with), so only the new messages are hashed, whatever other runs did
+    in between. Nothing is trusted that was not checked: the kept state is used only
+    while the first message still has the digest it was computed from (a ``model_copy``
+    carries the entry along) and the messages after it are the very same (or equal)
+    ones; anything else (a compaction, a rewind, a cleared result in the middle) hashes
+    from the start. The value is the same either way: the hash of the concatenated
+    digests, so stored fingerprints compare across versions. The entry holds only the
+    messages after the first (no reference cycle); it lives as long as the first message.
     """
     if not messages:
-        return hashlib.sha256().digest()
-    key = id(messages[0])
-    cached = _PREFIXES.pop(key, None)
-    if (
-        cached is not None
-        and len(cached[0]) <= len(messages)
-        and (messages[: len(cached[0])] == cached[0])
-    ):
-        state = cached[1].copy()
-        state.update(_messages_digest(messages[len(cached[0]) :]))
-    else:
-        state = hashlib.sha256(_messages_digest(messages))
-    _PREFIXES[key] = (messages, state.copy())
-    while len(_PREFIXES) > _PREFIX_LIMIT:
-        del _PREFIXES[next(iter(_PREFIXES))]
-    return bytes(state.digest())
+        return _EMPTY_HASH
+    first = messages[0]
+    head = message_digest(first)
+    kept = first.__dict__.get(_PREFIX)
+    if kept is not None and kept[0] == head:
+        rest: tuple[Message, ...] = kept[1]
+        size = len(rest) + 1
+        if size <= len(messages) and messages[1:size] == rest:
+            if size == len(messages):
+                done: bytes = kept[2].digest()
+                return done
+            state: hashlib._Hash = kept[2].copy()  # never updated in place: shared
+            state.update(_messages_digest(messages[size:]))
+            first.__dict__[_PREFIX] = (head, messages[1:], state)
+            return state.digest()
+    state = hashlib.sha256(head)  # the digests' hash: sha256(head + digests of the rest)
+    state.update(_messages_digest(messages[1:]))
+    first.__dict__[_PREFIX] = (head, messages[1:], state)
+    return state.digest()
 
 
 def messages_to_json(messages: list[Message]) -> str:
@@ -506,16 +522,42 @@ class ModelRequest(_Frozen):
         and a growing conversation hashes only what is new: the cost stays flat in its
         length instead of re-serializing the whole history on every call."""
         digest = _prompt_hash(self.system, self.tools).copy()
-        head = {
-            "model": self.model,
-            "max_tokens": self.max_tokens,
-            "message_breakpoints": [list(b) for b in self.message_breakpoints],
-        }
-        if not self.settings.is_default():
-            head["settings"] = self.settings.model_dump(mode="json", exclude={"extra_headers"})
-        digest.update(canonical_json(head).encode())
+        digest.update(self._head_json().encode())
         digest.update(_messages_hash(self.messages))
         return digest.hexdigest()
+
+    def _head_json(self) -> str:
+        """The canonical JSON of what the fingerprint covers besides the prompt and the
+        messages: written out directly (keys in sorted order) for the shape validation
+        gives, else through ``canonical_json``; the same text either way."""
+        settings = None if self.settings.is_default() else self.settings
+        marks: list[str] = []
+        for index, ttl in self.message_breakpoints:
+            if type(index) is not int or ttl not in _TTLS:
+                marks.clear()  # a value that bypassed validation (``model_copy(update=)``)
+                break
+            marks.append(f'[{index},"{ttl}"]')
+        if (
+            len(marks) != len(self.message_breakpoints)
+            or type(self.max_tokens) is not int
+            or type(self.model) is not str
+        ):
+            head: dict[str, Any] = {
+                "model": self.model,
+                "max_tokens": self.max_tokens,
+                "message_breakpoints": [list(b) for b in self.message_breakpoints],
+            }
+            if settings is not None:
+                head["settings"] = settings.model_dump(mode="json", exclude={"extra_headers"})
+            return canonical_json(head)
+        text = (
+            f'{{"max_tokens":{self.max_tokens},"message_breakpoints":[{",".join(marks)}],'
+            f'"model":{_json_string(self.model)}'
+        )
+        if settings is not None:
+            dumped = settings.model_dump(mode="json", exclude={"extra_headers"})
+            text += f',"settings":{canonical_json(dumped)}'
+        return text + "}"
 
     def breakpoint_count(self) -> int:
         return (

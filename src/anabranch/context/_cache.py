@@ -77,15 +77,18 @@ def _lookback_anchor(messages: Sequence[Message]) -> int | None:
 
     The previous request ended just before the last assistant message; if more than
     ``LOOKBACK_BLOCKS`` blocks follow that point, the rolling breakpoint alone would miss
-    the entry the previous call wrote, so a breakpoint goes back on it.
+    the entry the previous call wrote, so a breakpoint goes back on it. Looks at the
+    messages after that point only (usually two), however long the context is.
     """
-    last_assistant = next(
-        (i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), None
-    )
-    if last_assistant is None or last_assistant == 0:
+    last_assistant = len(messages) - 1
+    while last_assistant > 0 and messages[last_assistant].role != "assistant":
+        last_assistant -= 1
+    if last_assistant <= 0:
         return None
     anchor = last_assistant - 1
-    distance = sum(len(m.content) for m in messages[anchor + 1 :])
+    distance = 0
+    for index in range(last_assistant, len(messages)):
+        distance += len(messages[index].content)
     if distance < LOOKBACK_BLOCKS or not _cacheable(messages[anchor]):
         return None
     return anchor
@@ -132,34 +135,33 @@ def breakpoints(
 ) -> tuple[tuple[ToolDefinition, ...], tuple[SystemBlock, ...], tuple[tuple[int, CacheTTL], ...]]:
     """What ``place_breakpoints`` places, for a request still to be built: the tools and
     system blocks marked (the same tuples when they already are) and the message marks."""
-    wanted: list[tuple[str, int]] = []
-    if ttl is not None:
-        if messages and _cacheable(messages[-1]):
-            wanted.append(("message", len(messages) - 1))
-        if system:
-            wanted.append(("system", 0))
-        if len(system) > 1:
-            wanted.append(("system", len(system) - 1))
-        anchor = _lookback_anchor(messages)
-        if anchor is not None:
-            wanted.append(("message", anchor))
-        if tools:
-            wanted.append(("tool", len(tools) - 1))
-    chosen = set(wanted[:MAX_BREAKPOINTS])
+    if ttl is None:
+        return _marked(tools, (), None), _marked(system, (), None), ()
+    # in priority order: the rolling one, the first and the last system block, the
+    # lookback anchor, the tool list; the first four of them (so only the tools can miss)
+    rolling = len(messages) - 1 if messages and _cacheable(messages[-1]) else None
+    anchor = _lookback_anchor(messages)
+    taken = (rolling is not None) + min(len(system), 2) + (anchor is not None)
     head_ttl = prefix_ttl or ttl
-    new_tools = _marked(tools, {i for kind, i in chosen if kind == "tool"}, head_ttl)
-    new_system = _marked(system, {i for kind, i in chosen if kind == "system"}, head_ttl)
-    marks: tuple[tuple[int, CacheTTL], ...] = ()
-    if ttl is not None:
-        messages_ttl = message_ttl(ttl, prefix_ttl)
-        marks = tuple(sorted((i, messages_ttl) for kind, i in chosen if kind == "message"))
+    tool_at = (len(tools) - 1,) if tools and taken < MAX_BREAKPOINTS else ()
+    new_tools = _marked(tools, tool_at, head_ttl)
+    new_system = _marked(system, (0, len(system) - 1), head_ttl)
+    messages_ttl = message_ttl(ttl, prefix_ttl)
+    if anchor is None:  # the anchor always comes before the rolling one
+        marks = () if rolling is None else ((rolling, messages_ttl),)
+    elif rolling is None:
+        marks = ((anchor, messages_ttl),)
+    else:
+        marks = ((anchor, messages_ttl), (rolling, messages_ttl))
     return new_tools, new_system, marks
 
 
 _Marked = TypeVar("_Marked", ToolDefinition, SystemBlock)
 
 
-def _marked(items: tuple[_Marked, ...], at: set[int], ttl: CacheTTL | None) -> tuple[_Marked, ...]:
+def _marked(
+    items: tuple[_Marked, ...], at: tuple[int, ...], ttl: CacheTTL | None
+) -> tuple[_Marked, ...]:
     """``items`` with a ``ttl`` mark at the indexes ``at`` and none elsewhere: the very same
     tuple when it already is so (a run's snapshot usually is), so what is derived from it
     by identity (its digests, the request fingerprint's prefix) is reused."""
@@ -185,14 +187,20 @@ blocks from call to call."""
 
 def system_digest(system: Sequence[SystemBlock]) -> str:
     """A hash of what the cache keys on in the system blocks (breakpoint marks excluded)."""
-    return _SYSTEM_DIGESTS.get((system,), lambda: _digest([b.text for b in system]))
+    return _SYSTEM_DIGESTS.get((system,), _system_digest)
 
 
 def tools_digest(tools: Sequence[ToolDefinition]) -> str:
     """A hash of what the cache keys on in the tool list (breakpoint marks excluded)."""
-    return _TOOLS_DIGESTS.get(
-        (tools,), lambda: _digest([[t.name, t.description, t.input_schema] for t in tools])
-    )
+    return _TOOLS_DIGESTS.get((tools,), _tools_digest)
+
+
+def _system_digest(system: Sequence[SystemBlock]) -> str:
+    return _digest([b.text for b in system])
+
+
+def _tools_digest(tools: Sequence[ToolDefinition]) -> str:
+    return _digest([[t.name, t.description, t.input_schema] for t in tools])
 
 
 def expected_cache_read(previous: Usage) -> int:

@@ -7,7 +7,13 @@ from collections.abc import Iterable
 from anabranch.context._content import message_attachment_tokens
 from anabranch.messages import Message, ModelRequest, canonical_json
 
-__all__ = ["CHARS_PER_TOKEN", "SAFETY_FACTOR", "estimate_messages", "estimate_request"]
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "SAFETY_FACTOR",
+    "estimate_messages",
+    "estimate_request",
+    "message_tokens",
+]
 
 CHARS_PER_TOKEN = 4.0
 SAFETY_FACTOR = 1.1
@@ -18,10 +24,29 @@ def _estimate_chars(chars: int) -> int:
     return int(chars / CHARS_PER_TOKEN * SAFETY_FACTOR) + 1 if chars else 0
 
 
+_TOKENS = "_anabranch_tokens"
+_TOKENS_OF = "_anabranch_tokens_of"
+"""A message's estimate, kept in its ``__dict__`` with the content it was made from (as
+``messages`` keeps its JSON): a run estimates the same messages again at every call."""
+
+
+def message_tokens(message: Message) -> int:
+    """Estimated tokens of one message (see ``estimate_messages``), computed once per
+    message object."""
+    cached = message.__dict__
+    if cached.get(_TOKENS_OF) is message.content:
+        kept: int = cached[_TOKENS]
+        return kept
+    tokens = _estimate_chars(message.char_count()) + 4 + message_attachment_tokens(message)
+    cached[_TOKENS] = tokens
+    cached[_TOKENS_OF] = message.content
+    return tokens
+
+
 def estimate_messages(messages: Iterable[Message]) -> int:
     """Estimated tokens of ``messages``: about 4 characters a token plus a margin, and a
     fixed or per-page cost for each image and document (see ``context._content``)."""
-    return sum(_estimate_chars(m.char_count()) + 4 + message_attachment_tokens(m) for m in messages)
+    return sum(map(message_tokens, messages))
 
 
 def estimate_request(request: ModelRequest) -> int:

@@ -136,6 +136,8 @@ class CacheWatch:
 async def _check(
     run: RunView, current: _OkCall, previous: _OkCall, response: ModelResponse
 ) -> CacheBreak | None:
+    if current.usage.cache_read_input_tokens >= expected_cache_read(previous.usage):
+        return None  # no break (``classify_cache_break``'s first test): no digest needed
     policy = run.agent.context
     store = run.store
     if current.snapshot_version == previous.snapshot_version:

@@ -22,6 +22,7 @@ from typing import Any
 
 import pydantic
 
+from anabranch._text import json_string
 from anabranch.agents._tools import Pin
 from anabranch.context._budget import spill_handle
 from anabranch.errors import StoreError
@@ -112,21 +113,36 @@ def message_json(message: Message, committed: Committed | None = None) -> str:
     """A message's content as the canonical JSON a ``MessageRecord`` stores: each tool
     result that is exactly its committed event's (``committed``) as a reference to it.
     Without one, the message's own encoding (computed once per message object)."""
-    content: list[Any] | None = None
-    for index, block in enumerate(message.content):
-        if (
-            committed
-            and isinstance(block, ToolResultBlock)
-            and committed.get(block.tool_use_id) == block
-        ):
-            if content is None:
-                content = message.model_dump(mode="json")["content"]
+    if not committed:
+        return message_content_json(message)
+    results = [_as_committed(block, committed) for block in message.content]
+    if not any(results):
+        return message_content_json(message)
+    if all(results):  # every block a result as committed (a turn's tool results)
+        return "[" + ",".join([_ref_json(r.tool_use_id) for r in results if r]) + "]"
+    content: list[Any] = message.model_dump(mode="json")["content"]
+    for index, result in enumerate(results):
+        if result is not None:
             content[index] = {
                 "type": "tool_result",
-                "tool_use_id": block.tool_use_id,
+                "tool_use_id": result.tool_use_id,
                 "ref": TOOL_EVENT_REF,
             }
-    return message_content_json(message) if content is None else canonical_json(content)
+    return canonical_json(content)
+
+
+def _as_committed(block: object, committed: Committed) -> ToolResultBlock | None:
+    """``block`` if it is a tool result exactly as its finished event holds it."""
+    if not isinstance(block, ToolResultBlock):
+        return None
+    found = committed.get(block.tool_use_id)
+    return block if found is block or (found is not None and found == block) else None
+
+
+def _ref_json(call_id: str) -> str:
+    """The stored reference to a call's result: ``canonical_json`` of
+    ``{"type": "tool_result", "tool_use_id": call_id, "ref": TOOL_EVENT_REF}``."""
+    return f'{{"ref":"{TOOL_EVENT_REF}","tool_use_id":{json_string(call_id)},"type":"tool_result"}}'
 
 
 def _parse(record: MessageRecord) -> Message:
@@ -278,9 +294,24 @@ def snapshot_record(
 
 
 # ---------------------------------------------------------------------- calls
+_USAGE_FIELDS = tuple(sorted(Usage.model_fields))
+"""``Usage``'s fields in the order canonical JSON writes them (every default is 0)."""
+
+
 def usage_json(usage: Usage) -> str:
-    """A call's usage as stored: the counts that are not zero (reading fills in zeros)."""
-    return canonical_json(usage.model_dump(mode="json", exclude_defaults=True))
+    """A call's usage as stored: the counts that are not zero (reading fills in zeros).
+
+    Written out directly (one per model call): the text ``canonical_json`` gives for the
+    non-default counts, a count that is not a plain ``int`` taking that way itself."""
+    values = usage.__dict__
+    parts = []
+    for name in _USAGE_FIELDS:
+        count = values[name]
+        if type(count) is not int:
+            return canonical_json(usage.model_dump(mode="json", exclude_defaults=True))
+        if count:
+            parts.append(f'"{name}":{count}')
+    return "{" + ",".join(parts) + "}"
 
 
 def call_usage(call: CallRecord) -> Usage:
