@@ -11,8 +11,8 @@ call, what the loop does outside awaits:
 - ``build``: the request with its cache marks (``run_request(..., placed=True)``) and its
   fingerprint (the call row's);
 - ``records``: the call's settings key, the assistant message's stored JSON and the usage
-  JSON (the outcome row), the tool-result message's record, and the cache watch's prompt
-  digests.
+  JSON (the outcome row), and the tool-result message's record (its results stored as
+  references to their tool events).
 
 Prints one JSON line: microseconds per call of each part (the median of ``repeat``
 rounds, each with new message objects) and the load average.
@@ -34,7 +34,6 @@ from typing import Any
 import anyio
 
 from anabranch import Runtime
-from anabranch.context._cache import system_digest, tools_digest
 from anabranch.messages import Message, ModelRequest, ModelResponse, message_content_json
 from anabranch.runtime._history import message_json, message_records, usage_json
 from anabranch.runtime._run_prompt import run_request
@@ -92,8 +91,6 @@ def _round(
             request.settings.cache_key()
             message_json(answer.to_message())
             usage_json(answer.usage)
-            system_digest(system)
-            tools_digest(tools)
             if step < CALLS_PER_RUN - 1:
                 result = transcripts[index][len(context) + 1]
                 committed = {b.tool_use_id: b for b in result.tool_results}

@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from typing import Any
+
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from anabranch.context._tokens import estimate_messages, message_tokens
 from anabranch.messages import (
@@ -16,6 +21,8 @@ from anabranch.messages import (
     ToolUseBlock,
     Usage,
     canonical_json,
+    message_content_json,
+    message_digest,
 )
 from anabranch.runtime._history import TOOL_EVENT_REF, message_json, usage_json
 
@@ -110,3 +117,31 @@ def test_a_kept_estimate_follows_the_content_it_was_made_from() -> None:
         update={"content": (*longer.content, Image(data=_PNG, media_type="image/png"))}
     )
     assert message_tokens(pictured) > message_tokens(longer)
+
+
+_TEXTS = st.text(st.characters(codec="utf-8"), max_size=40) | st.sampled_from(
+    ['"quoted" \\ back', "tab\t nl\n nul\x00 bell\x07", "é ✓ 😀 \u2028 \ufeff", ""]
+)
+
+
+@st.composite
+def _blocks(draw: st.DrawFn) -> Any:
+    kind = draw(st.sampled_from(["text", "result", "use", "image"]))
+    if kind == "text":
+        return TextBlock(text=draw(_TEXTS))
+    if kind == "result":
+        return ToolResultBlock(
+            tool_use_id=draw(_TEXTS), content=draw(_TEXTS), is_error=draw(st.booleans())
+        )
+    if kind == "use":
+        return ToolUseBlock(id="t", name="n", input={"q": draw(_TEXTS)})
+    return Image(data=_PNG, media_type="image/png")
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(st.lists(_blocks(), max_size=4), st.sampled_from(["user", "assistant"]))
+def test_a_messages_json_is_the_canonical_json_of_its_dump(blocks: list[Any], role: str) -> None:
+    message = Message.model_validate({"role": role, "content": blocks})
+    dumped = message.model_dump(mode="json")
+    assert message_content_json(message) == canonical_json(dumped["content"])
+    assert message_digest(message) == hashlib.sha256(canonical_json(dumped).encode()).digest()

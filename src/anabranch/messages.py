@@ -347,10 +347,37 @@ def message_content_json(message: Message) -> str:
     if cached.get(_JSON_OF) is message.content:
         text: str = cached[_JSON]
         return text
-    text = canonical_json(message.model_dump(mode="json")["content"])
+    text = _plain_content_json(message.content) or canonical_json(
+        message.model_dump(mode="json")["content"]
+    )
     cached[_JSON] = text
     cached[_JSON_OF] = message.content
     return text
+
+
+def _plain_content_json(content: tuple[Block, ...]) -> str | None:
+    """The canonical JSON of content made of text blocks and tool results without
+    attachments (a task, a turn's tool results), written out directly: the bytes
+    ``canonical_json`` gives for its dump. ``None`` for any other content."""
+    parts = []
+    for block in content:
+        if type(block) is TextBlock and type(block.text) is str:
+            parts.append(f'{{"text":{_json_string(block.text)},"type":"text"}}')
+        elif (
+            type(block) is ToolResultBlock
+            and not block.attachments
+            and type(block.content) is str
+            and type(block.tool_use_id) is str
+            and type(block.is_error) is bool
+        ):
+            parts.append(
+                f'{{"content":{_json_string(block.content)},'
+                f'"is_error":{"true" if block.is_error else "false"},'
+                f'"tool_use_id":{_json_string(block.tool_use_id)},"type":"tool_result"}}'
+            )
+        else:
+            return None  # the general way (and any value that bypassed validation)
+    return "[" + ",".join(parts) + "]" if parts else None
 
 
 def message_digest(message: Message) -> bytes:

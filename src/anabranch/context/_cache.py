@@ -147,6 +147,7 @@ def breakpoints(
     new_tools = _marked(tools, tool_at, head_ttl)
     new_system = _marked(system, (0, len(system) - 1), head_ttl)
     messages_ttl = message_ttl(ttl, prefix_ttl)
+    marks: tuple[tuple[int, CacheTTL], ...]
     if anchor is None:  # the anchor always comes before the rolling one
         marks = () if rolling is None else ((rolling, messages_ttl),)
     elif rolling is None:

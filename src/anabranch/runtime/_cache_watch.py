@@ -3,7 +3,8 @@
 When a call reads less cache than the previous successful call of the same run left
 (everything it read or wrote), the break is recorded in the store with its cause and
 emitted as a span event. A run's ``CacheWatch`` remembers its latest successful call, so
-the store is read for the previous call only on the first call after the run was loaded.
+the store is read for the previous call only on the first call after the run was loaded
+(and not even then at its first turn, which has none before it).
 """
 
 from __future__ import annotations
@@ -126,8 +127,8 @@ class CacheWatch:
         self._known, self._previous = True, current
         if not run.agent.context.cache_breakpoints:
             return None
-        if not known:
-            previous = await _stored_previous(run, call_id)
+        if not known:  # a run's ok calls are its turns 1..n: none is before the first turn
+            previous = None if call.turn == 1 else await _stored_previous(run, call_id)
         if previous is None:
             return None
         return await _check(run, current, previous, response)

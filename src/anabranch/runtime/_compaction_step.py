@@ -184,6 +184,11 @@ class CompactionStep:
         self._compactions += 1
         self._rebuild = self._rebuild or rebuild
 
+    @property
+    def decided(self) -> bool:
+        """Whether this step has decided anything to commit."""
+        return bool(self._commits)
+
     def change(self, *, failure: str | None = None, fail_run: str | None = None) -> ContextChange:
         return ContextChange(
             commits=tuple(self._commits),

@@ -182,7 +182,7 @@ class CompactingPipeline:
             return await self._compact(step, trigger="auto")
         if self.ahead.due(step, threshold=threshold):
             await self._start_ahead(step)
-        return step.change()
+        return step.change() if step.decided else None  # None: nothing to commit
 
     def model_switch(self, run: ContextView) -> ModelSwitch | None:
         """The run's model changed to one that cannot hold its context (see ``_model_switch``)."""

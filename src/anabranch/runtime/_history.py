@@ -22,6 +22,7 @@ from typing import Any
 
 import pydantic
 
+from anabranch._memo import IdentityMemo
 from anabranch._text import json_string
 from anabranch.agents._tools import Pin
 from anabranch.context._budget import spill_handle
@@ -62,6 +63,7 @@ __all__ = [
     "pin_handle",
     "pin_record",
     "pinned_items",
+    "prompt_json",
     "PinnedItem",
     "boundary_ranges",
     "call_usage",
@@ -283,13 +285,32 @@ def snapshot_record(
     reason: str,
 ) -> SnapshotRecord:
     """The record of a prompt snapshot (canonical JSON: the same blocks, the same bytes)."""
+    system_json, tools_json = prompt_json(system, tools)
     return SnapshotRecord(
         run_id=run_id,
         version=version,
-        system=canonical_json([b.model_dump(mode="json") for b in system]),
-        tools=canonical_json([t.model_dump(mode="json") for t in tools]),
+        system=system_json,
+        tools=tools_json,
         created=time.time(),
         reason=reason,
+    )
+
+
+_PROMPT_JSON: IdentityMemo[tuple[str, str]] = IdentityMemo(limit=256)
+
+
+def prompt_json(system: Sequence[SystemBlock], tools: Sequence[ToolDefinition]) -> tuple[str, str]:
+    """The canonical JSON a snapshot stores of ``system`` and ``tools``, computed once while
+    they are the same objects (the runs of one agent share theirs: ``_run_prompt``)."""
+    return _PROMPT_JSON.get((system, tools), _prompt_json)
+
+
+def _prompt_json(
+    system: Sequence[SystemBlock], tools: Sequence[ToolDefinition]
+) -> tuple[str, str]:
+    return (
+        canonical_json([b.model_dump(mode="json") for b in system]),
+        canonical_json([t.model_dump(mode="json") for t in tools]),
     )
 
 

@@ -95,7 +95,10 @@ class ChannelLimits:
 
     def get(self, run: ContextView) -> LearnedLimit | None:
         """The limit in force for ``run``'s model on its channel, if not just declared."""
-        return _tighter(self._limits.get((run.agent.model, channel_of(run))), _configured(run))
+        configured = _configured(run)
+        if not self._limits:  # nothing learned (asked several times before every call)
+            return configured
+        return _tighter(self._limits.get((run.agent.model, channel_of(run))), configured)
 
     def remember(self, limit: LearnedLimit) -> LearnedLimit:
         """Keep ``limit`` unless a tighter one is known; returns the one in force."""

@@ -14,10 +14,10 @@ from anabranch.messages import (
     ModelRequest,
     SystemBlock,
     ToolDefinition,
-    canonical_json,
 )
 from anabranch.runtime._bootstrap import prompt_inputs
 from anabranch.runtime._builtins import BuiltinTool
+from anabranch.runtime._history import prompt_json
 from anabranch.store import RunRecord
 
 __all__ = ["build_prompt", "run_request", "tool_guidance", "with_breakpoints"]
@@ -75,9 +75,8 @@ def _shared(
     definitions instead of a thousand, and what is derived from them by identity (their
     digests, the request fingerprint's prefix) is computed once. Equal means the same
     canonical JSON, the bytes a snapshot stores."""
-    key = canonical_json(
-        [[b.model_dump(mode="json") for b in system], [t.model_dump(mode="json") for t in tools]]
-    )
+    system_json, tools_json = prompt_json(system, tools)  # what its snapshot stores, too
+    key = f"[{system_json},{tools_json}]"
     found = _SHARED_PROMPTS.get(key)
     if found is not None:
         return found
