@@ -3,6 +3,7 @@ with the results message decides what a resumed run runs again."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -10,9 +11,11 @@ import anyio
 import pytest
 
 from anabranch import Agent, Runtime, ToolContext, tool
+from anabranch.events import Event, ToolCallFinished
 from anabranch.messages import ModelRequest, TextBlock, ToolUseBlock
 from anabranch.runtime._history import load_messages
 from anabranch.runtime._loop import INTERRUPTED_REPORT
+from anabranch.store import MessageRecord, SpillRecord, SQLiteStore, ToolEventRecord
 from anabranch.testing import FunctionModel
 
 from .helpers import run_until, sql, wait_until
@@ -133,3 +136,117 @@ async def test_a_finished_tool_is_not_run_again(tmp_path: Path) -> None:
     finished = [e for e in events if e["event"] == "finished"]
     # fast finished first and was committed on its own, with its content
     assert finished[0]["call_id"] == "toolu_fast" and finished[0]["content"] == "fast result"
+
+
+async def _traced(db: Path) -> tuple[SQLiteStore, list[list[str]]]:
+    """A store whose committed transactions are logged, each as its statements."""
+    store = await SQLiteStore.open(db)
+    transactions: list[list[str]] = [[]]
+
+    def trace(statement: str) -> None:
+        if statement.strip().upper().startswith("COMMIT"):
+            transactions.append([])
+        elif statement.strip().upper().startswith("ROLLBACK"):
+            transactions[-1] = []
+        else:
+            transactions[-1].append(statement)
+
+    store._sql._conn.set_trace_callback(trace)
+    return store, transactions
+
+
+def _finishing(transactions: list[list[str]], call_id: str) -> list[str]:
+    """The transaction that committed ``call_id``'s finished event."""
+    (found,) = [
+        t
+        for t in transactions
+        if any(
+            "INSERT INTO tool_events" in s and f"'{call_id}'" in s and "'finished'" in s for s in t
+        )
+    ]
+    return found
+
+
+def _two_tools(effects: list[str]) -> tuple[Agent, anyio.Event, Callable[[Event], None]]:
+    """``fast`` and ``slow`` in one turn; ``slow`` returns once ``fast`` is committed (its
+    finished event is announced only then)."""
+    fast_committed = anyio.Event()
+
+    def on_event(event: Event) -> None:
+        if isinstance(event, ToolCallFinished) and event.call_id == "toolu_fast":
+            fast_committed.set()
+
+    @tool
+    async def fast(ctx: ToolContext) -> str:
+        """Fast."""
+        effects.append(f"fast {ctx.call_id}")
+        return "fast result"
+
+    @tool
+    async def slow(ctx: ToolContext) -> str:
+        """Slow."""
+        await fast_committed.wait()
+        effects.append(f"slow {ctx.call_id}")
+        return "slow result"
+
+    return Agent(name="a", tools=[fast, slow]), fast_committed, on_event
+
+
+async def test_the_last_result_commits_with_the_results_message(tmp_path: Path) -> None:
+    effects: list[str] = []
+    agent, _, on_event = _two_tools(effects)
+    store, transactions = await _traced(tmp_path / "db")
+    with anyio.fail_after(20):
+        async with Runtime(store=store, model=_model("fast", "slow"), on_event=on_event) as rt:
+            result = await rt.run(agent, "go")
+    await store.close()
+    assert result.output == "done: fast result | slow result"
+    # the first to finish is committed alone, at once; the last with the user turn
+    assert not any("INSERT INTO messages" in s for s in _finishing(transactions, "toolu_fast"))
+    last = _finishing(transactions, "toolu_slow")
+    assert [s for s in last if "INSERT INTO messages" in s and "'user'" in s]
+    inserts = [s for t in transactions for s in t if "INSERT INTO messages" in s]
+    assert len([s for s in inserts if "'user'" in s]) == 2  # the task, the results: once
+
+
+class _StopsBeforeTheLastCommit(SQLiteStore):
+    """The real store; the process "dies" just before a tool turn's last commit."""
+
+    reached = anyio.Event()
+
+    async def record_tool_event(
+        self,
+        event: ToolEventRecord,
+        *,
+        spills: Sequence[SpillRecord] = (),
+        messages: Sequence[MessageRecord] = (),
+    ) -> None:
+        if messages:
+            self.reached.set()
+            await anyio.sleep_forever()
+        await super().record_tool_event(event, spills=spills, messages=messages)
+
+
+async def test_a_stop_before_the_last_commit_runs_only_the_last_call_again(tmp_path: Path) -> None:
+    effects: list[str] = []
+    agent, _, on_event = _two_tools(effects)
+    db = tmp_path / "db"
+    _StopsBeforeTheLastCommit.reached = reached = anyio.Event()
+    store = await _StopsBeforeTheLastCommit.open(db)
+    with anyio.fail_after(20):
+        async with Runtime(store=store, model=_model("fast", "slow"), on_event=on_event) as rt:
+            session_id = await run_until(rt, agent, "go", reached)
+    await store.close()
+    agent, fast_committed, on_event = _two_tools(effects)
+    fast_committed.set()  # committed before the stop
+    async with Runtime(db, model=_model("fast", "slow"), on_event=on_event) as rt:
+        with anyio.fail_after(20):
+            result = await rt.resume(session_id, agent)
+        events = await _events(rt)
+        turns = await sql(rt.store, "SELECT seq FROM messages WHERE role = 'user' ORDER BY seq")
+    # fast's result was committed: not run again; slow's was not: run again, same call id
+    assert effects == ["fast toolu_fast", "slow toolu_slow", "slow toolu_slow"]
+    assert result.output == "done: fast result | slow result"
+    finished = [e["call_id"] for e in events if e["event"] == "finished"]
+    assert finished == ["toolu_fast", "toolu_slow"]
+    assert [t["seq"] for t in turns] == [0, 2]

@@ -9,11 +9,13 @@ import anyio
 import pytest
 
 from anabranch import Agent, Runtime
+from anabranch.errors import StoreError
 from anabranch.store import (
     CallRecord,
     MessageRecord,
     RunRecord,
     SnapshotRecord,
+    SpillRecord,
     Store,
     ToolEventRecord,
 )
@@ -115,6 +117,52 @@ async def test_a_finished_tool_event_is_read_back_whole(store: Store) -> None:
     await store.record_tool_event(finished)
     (event,) = await store.tool_events("run_1", ["toolu_1", "toolu_other"])
     assert event.content == finished.content and event.is_error is True
+
+
+def _finished(content: str) -> ToolEventRecord:
+    return ToolEventRecord(
+        run_id="run_1",
+        call_id="toolu_1",
+        name="search",
+        event="finished",
+        created=time.time(),
+        content=content,
+    )
+
+
+async def test_a_last_result_commits_with_its_spill_and_results_message(backend: Backend) -> None:
+    store = await backend.open()
+    await add_session(store)
+    await add_run(store)
+    output = "walrus tusks " * 2000
+    spill = SpillRecord("spill_toolu_1", "run_1", "toolu_1", output, time.time())
+    results = MessageRecord(
+        run_id="run_1",
+        seq=0,
+        role="user",
+        content='[{"type": "tool_result", "tool_use_id": "toolu_1", "ref": "tool_event"}]',
+    )
+    before = backend.commits()
+    await store.record_tool_event(_finished(output), spills=[spill], messages=[results])
+    assert backend.commits() - before == 1  # event, spill and message: one transaction
+    reader = await backend.open()
+    (event,) = await reader.tool_events("run_1", ["toolu_1"])
+    assert event.content == output
+    assert await reader.get_spill("spill_toolu_1") == output  # the event's text
+    (message,) = await reader.load_messages("run_1")
+    assert (message.seq, message.role) == (0, "user")
+    hits = await reader.search_history("run_1", "walrus tusks")
+    assert {hit.source for hit in hits} >= {"spill"}
+
+
+async def test_a_failing_results_message_leaves_no_event(store: Store) -> None:
+    await add_session(store)
+    await add_run(store)
+    await store.append_messages([_message(0)])
+    with pytest.raises(StoreError):  # seq 0 is taken: the whole transaction fails
+        await store.record_tool_event(_finished("result"), messages=[_message(0, text="again")])
+    assert await store.tool_events("run_1", ["toolu_1"]) == []
+    assert [m.content for m in await store.load_messages("run_1")] == [_message(0).content]
 
 
 async def test_a_runtime_runs_on_the_store_it_is_given(backend: Backend) -> None:

@@ -33,13 +33,11 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from opentelemetry.trace import Span
 
-from anabranch.context._budget import preview, spill_handle
 from anabranch.context._compaction import (
     CompactionEvent,
     Rebuilt,
@@ -80,13 +78,13 @@ from anabranch.runtime._context_view import (
     ContextChange,
     ContextView,
     Ingested,
-    SpillWrite,
 )
 from anabranch.runtime._head import context_text, handles_in, originals, previous_summary
 from anabranch.runtime._limits import ChannelLimits
 from anabranch.runtime._memory_compaction import CompactionMemory
 from anabranch.runtime._model_switch import ModelSwitch, model_switch
 from anabranch.runtime._pins import with_pins
+from anabranch.runtime._pipeline import spill_over_limit
 from anabranch.runtime._run_prompt import with_breakpoints
 from anabranch.runtime._server_compaction import server_rebuild
 from anabranch.runtime._summarizer import SummarizerFailed, summarize, summary_max_tokens
@@ -144,20 +142,10 @@ class CompactingPipeline:
 
     # ------------------------------------------------------------------ pipeline
     async def ingest(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
-        policy = run.agent.context
-        handle = spill_handle(run.id, call.id)
-        text = preview(
-            outcome.content,
-            is_error=outcome.is_error,
-            max_chars=policy.spill_chars,
-            preview_chars=policy.preview_chars,
-            handle=handle,
-        )
-        if text is None:
-            return Ingested(outcome)
-        # images and documents stay whole
-        spill = SpillWrite(handle, call.id, outcome.content)
-        return Ingested(replace(outcome, content=text), (spill,))
+        return spill_over_limit(run, call, outcome)
+
+    def ingest_now(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
+        return spill_over_limit(run, call, outcome)
 
     async def before_call(self, run: ContextView) -> ContextChange | None:
         await self.limits.prepare(run)

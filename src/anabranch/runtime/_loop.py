@@ -388,9 +388,7 @@ class AgentRun(ToolCalls, RunContext):
             last = self.context[-1]
             if last.role == "assistant":
                 if last.tool_uses:
-                    results = await self.run_tools(last.tool_uses)
-                    notes = await limits.next_turn(self)
-                    await self.append(Message(role="user", content=(*results, *notes.blocks)))
+                    notes = await self.run_tools(last.tool_uses)  # and commits their turn
                     if notes.stop is not None:
                         return await self._end_at_limit(notes.stop)
                     limits_checked = True

@@ -1,19 +1,24 @@
 """The context pipeline hook: what runs before each model call (compaction lives behind it).
 
 A pipeline reads a run through ``ContextView`` and returns a ``ContextChange`` (or ``None``:
-nothing to do); the loop commits it (see ``runtime._context_view``).
+nothing to do); the loop commits it (see ``runtime._context_view``). A pipeline whose
+``ingest`` never awaits also offers it as a plain function, ``ingest_now`` (``IngestsNow``):
+then the loop commits a turn's last tool result and the results message in one transaction,
+in the step in which the tool returned (see ``runtime._tool_calls``).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
+from anabranch.context._budget import preview, spill_handle
 from anabranch.errors import PromptTooLongError
 from anabranch.messages import ToolUseBlock
 from anabranch.runtime._builtins import ToolOutcome
-from anabranch.runtime._context_view import ContextChange, ContextView, Ingested
+from anabranch.runtime._context_view import ContextChange, ContextView, Ingested, SpillWrite
 
-__all__ = ["ContextPipeline", "PassThroughPipeline"]
+__all__ = ["ContextPipeline", "IngestsNow", "PassThroughPipeline", "spill_over_limit"]
 
 
 class ContextPipeline(Protocol):
@@ -39,10 +44,40 @@ class ContextPipeline(Protocol):
         ...
 
 
+class IngestsNow(Protocol):
+    """A pipeline whose ``ingest`` is a plain function of its arguments (no await)."""
+
+    def ingest_now(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
+        """What ``ingest`` returns, computed without an await."""
+        ...
+
+
+def spill_over_limit(run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
+    """A result over the run's spill limit enters the context as a preview ending in its
+    recall handle, its whole text spilled; any other result enters as it is (images and
+    documents stay whole)."""
+    policy = run.agent.context
+    handle = spill_handle(run.id, call.id)
+    text = preview(
+        outcome.content,
+        is_error=outcome.is_error,
+        max_chars=policy.spill_chars,
+        preview_chars=policy.preview_chars,
+        handle=handle,
+    )
+    if text is None:
+        return Ingested(outcome)
+    spill = SpillWrite(handle, call.id, outcome.content)
+    return Ingested(replace(outcome, content=text), (spill,))
+
+
 class PassThroughPipeline:
     """No budgets, no compaction: the context grows until the API refuses it."""
 
     async def ingest(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
+        return Ingested(outcome)
+
+    def ingest_now(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
         return Ingested(outcome)
 
     async def before_call(self, run: ContextView) -> ContextChange | None:

@@ -147,9 +147,14 @@ class RunContext:
         """Commit messages to the store, then add them to the context."""
         records = self.message_records(messages, kind)
         await self.env.store.append_messages(records)
-        self.next_seq += len(records)
-        self.context.extend(messages)
-        self.appended_since_usage.extend(messages)
+        for message in messages:
+            self.appended(message)
+
+    def appended(self, message: Message) -> None:
+        """Add ``message``, just committed (after the last committed one), to the context."""
+        self.next_seq += 1
+        self.context.append(message)
+        self.appended_since_usage.append(message)
 
     async def continue_with(self, text: str) -> None:
         """A conversation's next turn: reopen the finished run with a new user message

@@ -416,13 +416,17 @@ class SessionLimits:
     # ------------------------------------------------------------------ checks
     async def scopes(self, run_id: str) -> list[BudgetScope]:
         """Every budget the run spends against, the tenant's refreshed from its ledger."""
+        if self.tenant_scope is not None and self.ledger is not None and self.tenant is not None:
+            since = period_start(self.tenant_scope.budget.per)
+            self.tenant_scope.spent = await self.ledger.tenant_spend(self.tenant, since)
+        return self._scopes_now(run_id)
+
+    def _scopes_now(self, run_id: str) -> list[BudgetScope]:
+        """Every budget the run spends against, as this process knows them now."""
         scopes = [s.scope for s in self._lineage(run_id) if s.scope is not None]
         if self.session is not None:
             scopes.append(self.session)
         if self.tenant_scope is not None:
-            if self.ledger is not None and self.tenant is not None:
-                since = period_start(self.tenant_scope.budget.per)
-                self.tenant_scope.spent = await self.ledger.tenant_spend(self.tenant, since)
             scopes.append(self.tenant_scope)
         return scopes
 
@@ -440,8 +444,8 @@ class SessionLimits:
             total.add(state.last_call + state.last_call)
         return total
 
-    async def _budget_stop(self, run: LimitedRun) -> LimitStop | None:
-        for scope in await self.scopes(run.id):
+    def _budget_stop(self, run: LimitedRun, scopes: list[BudgetScope]) -> LimitStop | None:
+        for scope in scopes:
             if scope.share(self._next_calls(scope, run.id)) > 1.0 - scope.budget.reserve:
                 return LimitStop("budget", f"{scope.label} ({scope.budget.describe()})", scope.name)
         return None
@@ -454,23 +458,40 @@ class SessionLimits:
             return LimitStop("timeout", "the time limit of the agent that started it")
         return LimitStop("timeout", f"its time limit (timeout={agent.timeout:g} seconds)")
 
-    async def check(self, run: LimitedRun) -> LimitStop | None:
-        """The first limit the run has reached before its next call, if any."""
+    def _turn_or_time_stop(self, run: LimitedRun) -> LimitStop | None:
         if run.turns - run.turn_base >= run.agent.max_turns:
             return LimitStop("max_turns", f"its turn limit (max_turns={run.agent.max_turns})")
-        stop = self._time_stop(run.id, run.agent)
+        return self._time_stop(run.id, run.agent)
+
+    async def check(self, run: LimitedRun) -> LimitStop | None:
+        """The first limit the run has reached before its next call, if any."""
+        stop = self._turn_or_time_stop(run)
         if stop is not None:
             return stop
-        return await self._budget_stop(run)
+        return self._budget_stop(run, await self.scopes(run.id))
 
     async def next_turn(self, run: LimitedRun) -> TurnNotes:
         """What the user turn that follows a tool turn must carry."""
         stop = await self.check(run)
         if stop is not None:
             return TurnNotes(stop=stop, notice=run.agent.on_limit == "report")
+        return self._notes(run, await self.scopes(run.id))
+
+    def next_turn_now(self, run: LimitedRun) -> TurnNotes | None:
+        """``next_turn`` without an await; ``None`` if it needs one (the tenant's spend
+        is read from its ledger)."""
+        if self.tenant_scope is not None and self.ledger is not None and self.tenant is not None:
+            return None
+        stop = self._turn_or_time_stop(run) or self._budget_stop(run, self._scopes_now(run.id))
+        if stop is not None:
+            return TurnNotes(stop=stop, notice=run.agent.on_limit == "report")
+        return self._notes(run, self._scopes_now(run.id))
+
+    def _notes(self, run: LimitedRun, scopes: list[BudgetScope]) -> TurnNotes:
+        """The soft-limit notes for the user turn (each budget warns once)."""
         notes = []
         state = self._state(run.id)
-        for scope in await self.scopes(run.id):
+        for scope in scopes:
             share = scope.share()
             if share < scope.budget.soft or scope.budget.soft >= 1.0:
                 continue

@@ -4,23 +4,31 @@ A call runs at most once to completion: its ``started`` event is committed befor
 runs (with the response, or just before), its ``finished`` event with the result as soon
 as it returns; a resumed run reuses every finished result and, for a call cut off while
 running, follows the tool's ``on_interrupt`` (run it again, or report the interruption).
+
+The user turn that carries a turn's results is committed once every result is. When the
+call that returns last finds every other result committed and the results message can be
+built without an await (the pipeline's ``ingest_now``, the limits' ``next_turn_now``), its
+``finished`` event, the turn's spills and that message go in one transaction, submitted
+in the same step as its lone event would have been: so in the same batch, committed as
+soon (see docs/design-notes.md, "Round 5: writes").
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 
 from anabranch.agents import Agent
 from anabranch.agents._tools import Pin
 from anabranch.errors import ApprovalPendingError
-from anabranch.messages import ToolDefinition, ToolResultBlock, ToolUseBlock
+from anabranch.messages import Message, ToolDefinition, ToolResultBlock, ToolUseBlock
 from anabranch.runtime._approval import ApprovalGate, GatedRun, gate_calls, needs_approval
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
-from anabranch.runtime._context_view import ContextView
+from anabranch.runtime._context_view import ContextView, Ingested
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._history import (
     attachments_from_json,
@@ -29,9 +37,9 @@ from anabranch.runtime._history import (
     pin_record,
 )
 from anabranch.runtime._run_events import RunEvents
-from anabranch.runtime._run_limits import session_limits
+from anabranch.runtime._run_limits import TurnNotes, session_limits
 from anabranch.runtime._tool_exec import run_user_tool
-from anabranch.store import ToolEventRecord
+from anabranch.store import MessageRecord, RunRecord, SpillRecord, ToolEventRecord
 
 __all__ = ["INTERRUPTED_REPORT", "ToolCalls"]
 
@@ -40,14 +48,43 @@ INTERRUPTED_REPORT = (
     "again; its effect is unknown. Check before repeating it."
 )
 
+IngestNow = Callable[[ContextView, ToolUseBlock, ToolOutcome], Ingested]
+
+
+class _Turn:
+    """One tool turn's calls while they run: their outcomes so far (each one's ``finished``
+    event committed), and the notes of the user turn once it is committed."""
+
+    __slots__ = ("closed", "gate", "marked", "outcomes", "shield", "started", "uses")
+
+    def __init__(
+        self,
+        uses: Sequence[ToolUseBlock],
+        gate: ApprovalGate,
+        outcomes: dict[str, ToolOutcome],
+        started: set[str],
+        marked: frozenset[str],
+        shield: bool,
+    ) -> None:
+        self.uses, self.gate, self.outcomes = uses, gate, outcomes
+        self.started, self.marked = started, marked
+        self.shield = shield
+        """A time limit may cancel the calls: the last one's commit is shielded."""
+        self.closed: TurnNotes | None = None
+        """Set once the user turn is committed (with the last result)."""
+
 
 class ToolCalls:
     """Running tool calls for one agent run (mixed into ``AgentRun``, which sets these)."""
 
     env: Environment
     agent: Agent
+    record: RunRecord
     tools: tuple[ToolDefinition, ...]
     events: RunEvents
+    context: list[Message]
+    turns: int
+    turn_base: int
     _fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None
     """Tool calls of the response just committed here, and those marked started with it."""
     committed_results: dict[str, ToolResultBlock]
@@ -65,8 +102,19 @@ class ToolCalls:
         """This run as the read-only view the context pipeline receives."""
         raise NotImplementedError
 
-    async def run_tools(self, uses: Sequence[ToolUseBlock]) -> list[ToolResultBlock]:
-        """Results for every tool_use, running only those without a committed result.
+    if TYPE_CHECKING:  # ``RunContext``'s (it comes after this class in ``AgentRun``)
+
+        def message_records(
+            self, messages: Sequence[Message], kind: str = "message"
+        ) -> list[MessageRecord]: ...
+
+        async def append(self, *messages: Message, kind: str = "message") -> None: ...
+
+        def appended(self, message: Message) -> None: ...
+
+    async def run_tools(self, uses: Sequence[ToolUseBlock]) -> TurnNotes:
+        """Run every tool_use without a committed result, then commit the user turn with
+        all results (and the limits' notes); those notes.
 
         Each result is committed as it finishes, so a finished tool is never run again.
         """
@@ -94,8 +142,9 @@ class ToolCalls:
         limits = session_limits(self.env)
         deadline = limits.deadline(self.id)
         cut = anyio.current_time() >= deadline  # past it, nothing more runs
+        turn = _Turn(uses, gate, outcomes, started, marked, shield=deadline != math.inf)
         if todo and not cut:
-            calls = self._run_calls(todo, gate, outcomes, started, marked)
+            calls = self._run_calls(todo, turn)
             if deadline == math.inf:  # no time limit: no cancel scope to build per turn
                 await calls
             else:
@@ -108,9 +157,26 @@ class ToolCalls:
                 outcome = ToolOutcome(text, is_error=True)
                 await self.env.store.record_tool_event(self._finished_event(use, outcome))
                 outcomes[use.id] = outcome
+        if turn.closed is not None:  # committed with the last result
+            return turn.closed
         gate.raise_if_waiting(self.as_view())
         # every outcome is a committed finished event's now (loaded, run, denied, cut off)
-        self.committed_results = {
+        self.committed_results = self._committed(uses, outcomes)
+        results = []
+        for use in uses:
+            ingested = await self.env.pipeline.ingest(self.context_view(), use, outcomes[use.id])
+            for spill in ingested.spills:
+                await self.env.store.save_spill(spill.handle, self.id, spill.call_id, spill.content)
+            results.append(self._entering(use, outcomes[use.id], ingested.outcome))
+        notes = await limits.next_turn(self)
+        await self.append(Message(role="user", content=(*results, *notes.blocks)))
+        return notes
+
+    def _committed(
+        self, uses: Sequence[ToolUseBlock], outcomes: dict[str, ToolOutcome]
+    ) -> dict[str, ToolResultBlock]:
+        """Each call's result as its committed ``finished`` event holds it."""
+        return {
             use.id: ToolResultBlock(
                 tool_use_id=use.id,
                 content=outcomes[use.id].content,
@@ -119,63 +185,78 @@ class ToolCalls:
             )
             for use in uses
         }
-        results = []
-        for use in uses:
-            ingested = await self.env.pipeline.ingest(self.context_view(), use, outcomes[use.id])
-            for spill in ingested.spills:
-                await self.env.store.save_spill(spill.handle, self.id, spill.call_id, spill.content)
-            outcome = ingested.outcome
-            if outcome is outcomes[use.id]:  # enters the context as committed: the same block
-                results.append(self.committed_results[use.id])
-                continue
-            results.append(
-                ToolResultBlock(
-                    tool_use_id=use.id,
-                    content=outcome.content,
-                    is_error=outcome.is_error,
-                    attachments=outcome.attachments,
-                )
-            )
-        return results
 
-    async def _run_calls(
-        self,
-        todo: list[ToolUseBlock],
-        gate: ApprovalGate,
-        outcomes: dict[str, ToolOutcome],
-        started: set[str],
-        marked: frozenset[str],
-    ) -> None:
-        """Run ``todo`` (in parallel if several), each outcome into ``outcomes``."""
+    def _entering(
+        self, use: ToolUseBlock, committed: ToolOutcome, outcome: ToolOutcome
+    ) -> ToolResultBlock:
+        """The block for ``outcome``, the version of a result the pipeline let in."""
+        if outcome is committed:  # enters the context as committed: the same block
+            return self.committed_results[use.id]
+        return ToolResultBlock(
+            tool_use_id=use.id,
+            content=outcome.content,
+            is_error=outcome.is_error,
+            attachments=outcome.attachments,
+        )
+
+    async def _run_calls(self, todo: list[ToolUseBlock], turn: _Turn) -> None:
+        """Run ``todo`` (in parallel if several), each outcome into ``turn.outcomes``."""
         if len(todo) == 1:
-            use = todo[0]
-            await self._run_one(use, gate, outcomes, use.id in started, use.id in marked)
+            await self._run_one(todo[0], turn)
             return
         async with anyio.create_task_group() as group:
             for use in todo:
-                group.start_soon(
-                    self._run_one, use, gate, outcomes, use.id in started, use.id in marked
-                )
+                group.start_soon(self._run_one, use, turn)
 
-    async def _run_one(
-        self,
-        use: ToolUseBlock,
-        gate: ApprovalGate,
-        outcomes: dict[str, ToolOutcome],
-        interrupted: bool,
-        marked: bool,
-    ) -> None:
+    async def _run_one(self, use: ToolUseBlock, turn: _Turn) -> None:
         """Run one call and commit its ``finished`` event (its pins first: a crash between
-        them runs it again)."""
+        them runs it again), with the user turn if it can close the turn."""
         try:
             self.events.tool_started(use)
+            interrupted, marked = use.id in turn.started, use.id in turn.marked
             outcome = await self._run_tool(use, interrupted=interrupted, marked=marked)
             await self._commit_pins(use, outcome)
-            await self.env.store.record_tool_event(self._finished_event(use, outcome))
-            outcomes[use.id] = outcome
+            if not await self._close_turn(use, outcome, turn):
+                await self.env.store.record_tool_event(self._finished_event(use, outcome))
+            turn.outcomes[use.id] = outcome
             self.events.tool_finished(use, outcome)
         except ApprovalPendingError as pending:  # a sub-agent waits: this run pauses too
-            gate.keep(pending)  # and sibling calls finish
+            turn.gate.keep(pending)  # and sibling calls finish
+
+    async def _close_turn(self, use: ToolUseBlock, outcome: ToolOutcome, turn: _Turn) -> bool:
+        """Commit ``use``'s ``finished`` event, the turn's spills and its user turn in one
+        transaction, if ``use`` is the turn's last result (every other one committed,
+        nothing waits for approval) and the user turn can be built without an await:
+        nothing runs between the tool's return and this commit that did not before."""
+        ingest_now: IngestNow | None = getattr(self.env.pipeline, "ingest_now", None)
+        outcomes, gate = turn.outcomes, turn.gate
+        if ingest_now is None or gate.waiting or gate.nested:
+            return False
+        if any(other.id not in outcomes for other in turn.uses if other is not use):
+            return False
+        notes = session_limits(self.env).next_turn_now(self)
+        if notes is None:
+            return False
+        outcomes = {**outcomes, use.id: outcome}
+        self.committed_results = self._committed(turn.uses, outcomes)
+        results, spills, now = [], [], time.time()
+        for each in turn.uses:
+            ingested = ingest_now(self.context_view(), each, outcomes[each.id])
+            for s in ingested.spills:
+                spills.append(SpillRecord(s.handle, self.id, s.call_id, s.content, now))
+            results.append(self._entering(each, outcomes[each.id], ingested.outcome))
+        message = Message(role="user", content=(*results, *notes.blocks))
+        records = self.message_records([message])
+        event = self._finished_event(use, outcome)
+        commit = self.env.store.record_tool_event(event, spills=spills, messages=records)
+        if turn.shield:  # a time limit cutting the calls off must not hide that it committed
+            with anyio.CancelScope(shield=True):
+                await commit
+        else:
+            await commit
+        self.appended(message)
+        turn.closed = notes
+        return True
 
     def _started_events(self, uses: Sequence[ToolUseBlock]) -> list[ToolEventRecord]:
         """``started`` events for the calls that will run, committed with the response."""

@@ -161,7 +161,17 @@ class Store(Protocol):
 
     async def session_calls(self, session_id: str) -> list[CallRecord]: ...
 
-    async def record_tool_event(self, event: ToolEventRecord) -> None: ...
+    async def record_tool_event(
+        self,
+        event: ToolEventRecord,
+        *,
+        spills: Sequence[SpillRecord] = (),
+        messages: Sequence[MessageRecord] = (),
+    ) -> None:
+        """Commit a tool event, then ``spills`` and ``messages``, in one transaction (the
+        last result of a tool turn with the turn's spilled outputs and results message: a
+        spill equal to the event's text refers to it, as ``save_spill`` would)."""
+        ...
 
     async def tool_events(self, run_id: str, call_ids: Sequence[str]) -> list[ToolEventRecord]: ...
 

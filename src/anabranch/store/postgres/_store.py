@@ -14,7 +14,6 @@ Invariants (the same as the SQLite store's, across processes and hosts):
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import time
@@ -22,10 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, Literal, TypeVar
 
-import psycopg
-
 from anabranch._process import pid_alive
-from anabranch.errors import LeaseLostError, SessionBusyError, StoreError
+from anabranch.errors import LeaseLostError, SessionBusyError
 from anabranch.store._dsn import redact_dsn
 from anabranch.store._records import (
     BoundaryRecord,
@@ -38,62 +35,28 @@ from anabranch.store._records import (
     SessionRecord,
     SnapshotRecord,
     SpendRecord,
+    SpillRecord,
     ToolEventRecord,
 )
 from anabranch.store._rows import call_row, message_row, run_row, snapshot_row, tool_event_row
 from anabranch.store.postgres._connection import NOW, Connections, Fence, Later, Tx, connect
 from anabranch.store.postgres._migrate import migrate
 from anabranch.store.postgres._reads import Reads
+from anabranch.store.postgres._statements import (
+    SAVE_SPILL,
+    insert,
+    insert_id,
+    rowcount,
+    spill_row,
+)
 
 __all__ = ["PostgresStore"]
-
-_SAVE_SPILL = """
-    INSERT INTO spills (handle, run_id, call_id, content, created, event_id)
-    SELECT %(handle)s, %(run_id)s, %(call_id)s,
-           CASE WHEN e.id IS NULL THEN %(content)s::text END, %(created)s, e.id
-    FROM (SELECT 1) one LEFT JOIN LATERAL (
-        SELECT t.id FROM tool_events t
-        WHERE t.run_id = %(run_id)s AND t.call_id = %(call_id)s AND t.event = 'finished'
-          AND t.content = %(content)s::text
-        ORDER BY t.id DESC LIMIT 1) e ON true
-    ON CONFLICT (handle) DO NOTHING
-"""
-"""A spill row: its text, or (when that is its call's finished event's) the event's id."""
 
 T = TypeVar("T")
 
 STALL_TIMEOUT = 30.0
 """Seconds a transaction may wait for its client before the server ends it (the default
 lease ttl: a process frozen that long has lost its leases anyway)."""
-
-
-@functools.lru_cache(maxsize=64)
-def _insert_sql(table: str, columns: tuple[str, ...]) -> str:
-    names = ", ".join(columns)
-    marks = ", ".join(f"%({name})s" for name in columns)
-    return f"INSERT INTO {table} ({names}) VALUES ({marks})"
-
-
-def _insert(tx: Tx, table: str, values: dict[str, Any]) -> None:
-    tx.send(_insert_sql(table, tuple(values)), values)
-
-
-def _insert_id(tx: Tx, table: str, values: dict[str, Any]) -> Later[int]:
-    """Insert a row; its ``id``, read once the batch's statements have run."""
-    cursor = tx.execute(f"{_insert_sql(table, tuple(values))} RETURNING id", values)
-
-    def new_id() -> int:
-        row = cursor.fetchone()
-        if row is None:  # pragma: no cover - INSERT … RETURNING always returns its row
-            raise StoreError(f"no id returned by the insert into {table}")
-        return int(row["id"])
-
-    return Later(new_id)
-
-
-def _rowcount(cursor: psycopg.Cursor[Any]) -> Later[bool]:
-    """Whether the statement touched a row, read once the batch's statements have run."""
-    return Later(lambda: cursor.rowcount > 0)
 
 
 class PostgresStore(Reads):
@@ -236,8 +199,8 @@ class PostgresStore(Reads):
         event = {"session_id": session.id, "status": "running", "created": session.created}
 
         def write(tx: Tx) -> None:
-            _insert(tx, "sessions", values)
-            _insert(tx, "session_events", event)
+            insert(tx, "sessions", values)
+            insert(tx, "session_events", event)
 
         await self._write(write, session=session.id)
 
@@ -256,7 +219,7 @@ class PostgresStore(Reads):
             "error": error,
             "created": time.time(),
         }
-        await self._write(lambda tx: _insert(tx, "session_events", values), session=session_id)
+        await self._write(lambda tx: insert(tx, "session_events", values), session=session_id)
 
     # ----------------------------------------------------------------- leases
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
@@ -309,7 +272,7 @@ class PostgresStore(Reads):
         it over after it expired)."""
 
         def write(tx: Tx) -> Later[bool]:
-            return _rowcount(
+            return rowcount(
                 tx.execute(
                     f"UPDATE leases SET expires = {NOW} + %s WHERE session_id = %s AND owner = %s",
                     (ttl, session_id, owner),
@@ -327,7 +290,7 @@ class PostgresStore(Reads):
         that stalled past its lease is still recognised as fenced afterwards."""
 
         def write(tx: Tx) -> Later[bool]:
-            return _rowcount(
+            return rowcount(
                 tx.execute(
                     "UPDATE leases SET expires = 0 WHERE session_id = %s AND owner = %s",
                     (session_id, owner),
@@ -367,9 +330,9 @@ class PostgresStore(Reads):
         message_values = [message_row(m) for m in messages]
 
         def write(tx: Tx) -> None:
-            _insert(tx, "runs", values)
+            insert(tx, "runs", values)
             if snapshot_values:
-                _insert(tx, "snapshots", snapshot_values)
+                insert(tx, "snapshots", snapshot_values)
             self._insert_messages(tx, message_values)
 
         await self._write(write, session=run.session_id)
@@ -385,7 +348,7 @@ class PostgresStore(Reads):
             "error": error,
             "finished": time.time(),
         }
-        await self._write(lambda tx: _insert(tx, "run_ends", values), run=run_id)
+        await self._write(lambda tx: insert(tx, "run_ends", values), run=run_id)
 
     # ----------------------------------------------------------------- messages & calls
     @staticmethod
@@ -409,7 +372,7 @@ class PostgresStore(Reads):
         reopened = {"run_id": run_id, "status": "running", "finished": time.time()}
 
         def write(tx: Tx) -> None:
-            _insert(tx, "run_ends", reopened)
+            insert(tx, "run_ends", reopened)
             self._insert_messages(tx, values)
 
         await self._write(write, run=run_id)
@@ -421,7 +384,7 @@ class PostgresStore(Reads):
 
         def write(tx: Tx) -> Later[int]:
             self._insert_messages(tx, values)
-            return _insert_id(tx, "calls", call_values)
+            return insert_id(tx, "calls", call_values)
 
         call_id = await self._write_later(write, run=call.run_id)
         self._call_runs[call_id] = call.run_id
@@ -460,9 +423,9 @@ class PostgresStore(Reads):
 
         def write(tx: Tx) -> None:
             self._insert_messages(tx, message_values)
-            _insert(tx, "call_outcomes", outcome)
+            insert(tx, "call_outcomes", outcome)
             for event in events:
-                _insert(tx, "tool_events", event)
+                insert(tx, "tool_events", event)
 
         await self._write(write, call=call_id)
         self._call_runs.pop(call_id, None)
@@ -480,7 +443,7 @@ class PostgresStore(Reads):
             ).fetchall()
             now = time.time()
             for row in rows:
-                _insert(
+                insert(
                     tx,
                     "call_outcomes",
                     {
@@ -495,13 +458,28 @@ class PostgresStore(Reads):
         return await self._write(write, run=run_id)
 
     # ----------------------------------------------------------------- tools, snapshots
-    async def record_tool_event(self, event: ToolEventRecord) -> None:
+    async def record_tool_event(
+        self,
+        event: ToolEventRecord,
+        *,
+        spills: Sequence[SpillRecord] = (),
+        messages: Sequence[MessageRecord] = (),
+    ) -> None:
+        """Commit a tool event, then ``spills`` and ``messages``, in one transaction."""
         values = tool_event_row(event)
-        await self._write(lambda tx: _insert(tx, "tool_events", values), run=event.run_id)
+        spill_values = [spill_row(s) for s in spills]
+        message_values = [message_row(m) for m in messages]
+
+        def write(tx: Tx) -> None:
+            insert(tx, "tool_events", values)
+            tx.send_many(SAVE_SPILL, spill_values)
+            self._insert_messages(tx, message_values)
+
+        await self._write(write, run=event.run_id)
 
     async def save_snapshot(self, snapshot: SnapshotRecord) -> None:
         values = snapshot_row(snapshot)
-        await self._write(lambda tx: _insert(tx, "snapshots", values), run=snapshot.run_id)
+        await self._write(lambda tx: insert(tx, "snapshots", values), run=snapshot.run_id)
 
     async def add_boundary(
         self, boundary: BoundaryRecord, messages: Sequence[MessageRecord] = ()
@@ -516,7 +494,7 @@ class PostgresStore(Reads):
 
         def write(tx: Tx) -> Later[int]:
             self._insert_messages(tx, message_values)
-            return _insert_id(tx, "boundaries", values)
+            return insert_id(tx, "boundaries", values)
 
         return await self._write_later(write, run=boundary.run_id)
 
@@ -526,14 +504,8 @@ class PostgresStore(Reads):
         A text equal to the call's finished tool event (a spilled output) is not stored a
         second time: the row refers to that event (``event_id``), in the same statement.
         """
-        values = {
-            "handle": handle,
-            "run_id": run_id,
-            "call_id": call_id,
-            "content": content,
-            "created": time.time(),
-        }
-        await self._write(lambda tx: tx.send(_SAVE_SPILL, values), run=run_id)
+        values = spill_row(SpillRecord(handle, run_id, call_id, content, time.time()))
+        await self._write(lambda tx: tx.send(SAVE_SPILL, values), run=run_id)
 
     async def add_cache_break(
         self, run_id: str, call_id: int, cause: str, expected_read: int, actual_read: int
@@ -546,7 +518,7 @@ class PostgresStore(Reads):
             "actual_read": actual_read,
             "created": time.time(),
         }
-        await self._write(lambda tx: _insert(tx, "cache_breaks", values), run=run_id)
+        await self._write(lambda tx: insert(tx, "cache_breaks", values), run=run_id)
 
     async def save_context_limit(self, limit: ContextLimitRecord) -> None:
         """Record a limit a channel taught (or that was configured), or a run's limit."""
@@ -572,13 +544,13 @@ class PostgresStore(Reads):
     async def add_spend(self, spend: SpendRecord) -> None:
         """Commit one call's spend for a tenant (every process on the store sees it)."""
         values = asdict(spend)
-        await self._write(lambda tx: _insert(tx, "tenant_spend", values), run=spend.run_id)
+        await self._write(lambda tx: insert(tx, "tenant_spend", values), run=spend.run_id)
 
     async def set_session_budget(self, record: SessionBudgetRecord) -> None:
         """Record the budget (and tenant) a session runs under from now on."""
         values = asdict(record)
         await self._write(
-            lambda tx: _insert(tx, "session_budgets", values), session=record.session_id
+            lambda tx: insert(tx, "session_budgets", values), session=record.session_id
         )
 
     async def add_run_span(self, session_id: str, run_id: str, trace_id: str, span_id: str) -> None:
@@ -591,4 +563,4 @@ class PostgresStore(Reads):
             "span_id": span_id,
             "created": time.time(),
         }
-        await self._write(lambda tx: _insert(tx, "run_spans", values), session=session_id)
+        await self._write(lambda tx: insert(tx, "run_spans", values), session=session_id)

@@ -54,6 +54,16 @@ _SPILL_SQL = """
 """A spill with its text (read from its tool event if it refers to one)."""
 
 
+def _spill_values(spill: SpillRecord) -> dict[str, Any]:
+    return {
+        "handle": spill.handle,
+        "run_id": spill.run_id,
+        "call_id": spill.call_id,
+        "content": spill.content,
+        "created": spill.created,
+    }
+
+
 class SQLiteHistory:
     """Queries over a run's history on one group-committed SQLite connection."""
 
@@ -276,9 +286,29 @@ class SQLiteHistory:
         return [call_record(row) for row in rows]
 
     # ----------------------------------------------------------------- tools
-    async def record_tool_event(self, event: ToolEventRecord) -> None:
+    async def record_tool_event(
+        self,
+        event: ToolEventRecord,
+        *,
+        spills: Sequence[SpillRecord] = (),
+        messages: Sequence[MessageRecord] = (),
+    ) -> None:
+        """Commit a tool event, then ``spills`` and ``messages``, in one transaction."""
         values = tool_event_row(event)
-        await self._sql.write(lambda conn: insert(conn, "tool_events", values))
+        if not spills and not messages:
+            await self._sql.write(lambda conn: insert(conn, "tool_events", values))
+            return
+        spill_values = [_spill_values(s) for s in spills]
+        message_values = [message_row(m) for m in messages]
+
+        def write(conn: sqlite3.Connection) -> None:
+            insert(conn, "tool_events", values)
+            for spill in spill_values:
+                conn.execute(_SAVE_SPILL, dehydrate(conn, "spills", spill))
+            for value in message_values:
+                insert(conn, "messages", value)
+
+        await self._sql.write(write)
 
     async def tool_events(self, run_id: str, call_ids: Sequence[str]) -> list[ToolEventRecord]:
         if not call_ids:
@@ -407,13 +437,7 @@ class SQLiteHistory:
         A text equal to the call's finished tool event (a spilled output) is not stored a
         second time: the row refers to that event (``event_id``), in the same transaction.
         """
-        values = {
-            "handle": handle,
-            "run_id": run_id,
-            "call_id": call_id,
-            "content": content,
-            "created": time.time(),
-        }
+        values = _spill_values(SpillRecord(handle, run_id, call_id, content, time.time()))
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute(_SAVE_SPILL, dehydrate(conn, "spills", values))  # an image: a blob
