@@ -1,11 +1,14 @@
 """What a model call's and a tool call's spans carry, and what is built for a span that
 records nothing: the same attributes, in the same order, whatever the sampler does; no
 attribute work (captured message content included) for a span the sampler drops or a no-op
-tracer starts; the sampling decision still current for whatever runs inside."""
+tracer starts; the sampling decision still current for whatever runs inside. A run's own
+spend on its ``invoke_agent`` span: summed as its calls commit, from the store only for a
+resumed run (whose earlier calls were committed by another drive), never for no span."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +21,21 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, Samp
 from opentelemetry.trace import Link, NoOpTracerProvider, SpanKind, StatusCode, TraceState
 from opentelemetry.util.types import Attributes
 
-from anabranch.messages import Message, SystemBlock, TextBlock, ToolUseBlock, Usage
+from anabranch import Agent, ModelRequest, RetryPolicy, Runtime, tool
+from anabranch.errors import ModelConnectionError, ModelError
+from anabranch.messages import (
+    Message,
+    ModelResponse,
+    SystemBlock,
+    TextBlock,
+    ToolUseBlock,
+    Usage,
+)
+from anabranch.store.sqlite import SQLiteStore
+from anabranch.testing import FunctionModel
 from anabranch.traces import Tracing, _payloads, _spans
 
-from .helpers import attributes
+from .helpers import attributes, failed_with
 
 MESSAGES = (Message(role="user", content=(TextBlock(text="hello"),)),)
 SYSTEM = (SystemBlock(text="be brief"),)
@@ -124,6 +138,24 @@ def encodings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     for name in ("compact_json", "message_json", "message_parts", "semconv_messages"):
         monkeypatch.setattr(_spans, name, counted(name, getattr(_payloads, name)))
     yield calls
+
+
+@pytest.fixture
+def sums(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The runs whose own usage the SQLite store was asked to sum, in order (a session's
+    result sums the whole session's: not counted)."""
+    asked: list[str] = []
+    original = SQLiteStore.sum_call_usage
+
+    async def counted(
+        self: SQLiteStore, session_id: str, keys: Sequence[str], *, run_id: str | None = None
+    ) -> dict[str, int]:
+        if run_id is not None:
+            asked.append(run_id)
+        return await original(self, session_id, keys, run_id=run_id)
+
+    monkeypatch.setattr(SQLiteStore, "sum_call_usage", counted)
+    return asked
 
 
 def _provider(sampler: Sampler | None = None) -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -246,3 +278,100 @@ def test_content_that_cannot_be_encoded_leaves_the_span_without_it() -> None:
     a = attributes(tool)
     assert a["gen_ai.tool.call.id"] == "toolu_1" and a["gen_ai.tool.call.result"] == "noted"
     assert "gen_ai.tool.call.arguments" not in a
+
+
+@tool
+def measure(text: str) -> int:
+    """Count words."""
+    return len(text.split())
+
+
+AGENT = Agent(name="worker", model="claude-sonnet-4-5", instructions="Count.", tools=[measure])
+FIRST = Usage(input_tokens=100, cache_read_input_tokens=30, output_tokens=10)
+RETRIED = Usage(input_tokens=7, cache_creation_input_tokens=5, output_tokens=3)
+
+
+def _answer(request: ModelRequest) -> ModelResponse:
+    if len(request.messages) == 1:
+        content: Any = (ToolUseBlock(id="toolu_1", name="measure", input={"text": "a b"}),)
+        return ModelResponse(id="m1", model="claude-sonnet-4-5", content=content,
+                             stop_reason="tool_use", usage=FIRST)  # fmt: skip
+    return ModelResponse(id="m2", model="claude-sonnet-4-5", content=(TextBlock(text="2"),),
+                         stop_reason="end_turn", usage=RETRIED)  # fmt: skip
+
+
+def _spend(span: Any) -> tuple[int, int, int, int]:
+    a = attributes(span)
+    return (
+        int(a["anabranch.usage.input_tokens"]),
+        int(a["anabranch.usage.cache_read_input_tokens"]),
+        int(a["anabranch.usage.cache_creation_input_tokens"]),
+        int(a["anabranch.usage.output_tokens"]),
+    )
+
+
+def _flaky(failures: int) -> Callable[[ModelRequest], ModelResponse]:
+    """The answers of ``_answer``; the second call's first ``failures`` attempts fail."""
+    left = [failures]
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if len(request.messages) > 1 and left[0] > 0:
+            left[0] -= 1
+            raise ModelConnectionError("network down")  # a failed attempt spends nothing
+        return _answer(request)
+
+    return answer
+
+
+def _runtime(path: Path, provider: Any, model: FunctionModel, attempts: int) -> Runtime:
+    retry = RetryPolicy(max_attempts=attempts, base_delay=0.0)
+    return Runtime(path, model=model, tracer_provider=provider, retry=retry)
+
+
+@pytest.mark.anyio
+async def test_a_fresh_run_spends_what_its_committed_calls_used_without_a_query(
+    tmp_path: Path, sums: list[str]
+) -> None:
+    provider, exporter = _provider()
+    model = FunctionModel(_flaky(1))
+    async with _runtime(tmp_path / "s.db", provider, model, attempts=2) as rt:
+        result = await rt.run(AGENT, "count")
+        assert result.status == "done" and len(model.requests) == 3
+        assert sums == []  # nothing summed by the store for the span
+        (run,) = await rt.store.list_runs(result.session_id)
+        keys = tuple(Usage.model_fields)
+        stored = Usage(**await rt.store.sum_call_usage(result.session_id, keys, run_id=run.id))
+    (agent,) = [s for s in exporter.get_finished_spans() if s.name == "invoke_agent worker"]
+    both = FIRST + RETRIED
+    assert stored == both  # what the store holds for its successful calls
+    assert _spend(agent) == (both.total_input_tokens, 30, 5, 13)
+
+
+@pytest.mark.anyio
+async def test_a_resumed_run_spends_the_calls_of_its_earlier_drives_too(
+    tmp_path: Path, sums: list[str]
+) -> None:
+    provider, exporter = _provider()
+    async with _runtime(tmp_path / "s.db", provider, FunctionModel(_flaky(1)), 1) as rt:
+        failure = failed_with(await rt.run(AGENT, "count"), ModelError)
+        assert failure.session_id is not None
+        result = await rt.resume(failure.session_id)
+        assert result.status == "done"
+    first, second = [s for s in exporter.get_finished_spans() if s.name == "invoke_agent worker"]
+    assert "anabranch.usage.input_tokens" not in attributes(first)  # it failed: no spend
+    both = FIRST + RETRIED
+    assert _spend(second) == (both.total_input_tokens, 30, 5, 13)
+    assert len(sums) == 1  # its first call was committed by the earlier drive: summed
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("dropped", [True, False], ids=["sampled-out", "no-op"])
+async def test_no_spend_is_summed_for_a_run_whose_span_records_nothing(
+    tmp_path: Path, sums: list[str], dropped: bool
+) -> None:
+    provider = _provider(ALWAYS_OFF)[0] if dropped else NoOpTracerProvider()
+    async with _runtime(tmp_path / "s.db", provider, FunctionModel(_flaky(1)), 1) as rt:
+        failure = failed_with(await rt.run(AGENT, "count"), ModelError)
+        assert failure.session_id is not None
+        assert (await rt.resume(failure.session_id)).status == "done"
+    assert sums == []  # a resumed run, yet nothing to sum for

@@ -69,7 +69,7 @@ from anabranch.runtime._run_context import PipelineStep, RunContext
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import LimitStop, session_limits
 from anabranch.runtime._run_prompt import build_prompt, run_request, with_breakpoints
-from anabranch.runtime._session_view import run_spend
+from anabranch.runtime._session_view import trace_spend
 from anabranch.runtime._thinking_view import floor_after_load, request_messages
 from anabranch.runtime._tool_calls import INTERRUPTED_REPORT, ToolCalls
 from anabranch.store import CallRecord, MessageRecord, RunRecord, Store
@@ -104,6 +104,7 @@ class AgentRun(ToolCalls, RunContext):
         self.turn_base = 0
         """Turns done before this exchange of a conversation (``max_turns`` counts from here)."""
         self.last_usage: Usage | None = None
+        self.own_usage: Usage | None = None  # a run started here: its calls' usage, summed
         self.last_response_id: str | None = None
         """The latest committed response's id (what cache diagnostics compare against)."""
         self.appended_since_usage: list[Message] = []
@@ -186,6 +187,7 @@ class AgentRun(ToolCalls, RunContext):
             messages=run.message_records(messages),
         )
         run.system, run.tools = system, tools
+        run.own_usage = Usage()  # no call of it was committed elsewhere
         run.next_seq = len(messages)
         run.context = list(messages)
         run.appended_since_usage = list(messages)
@@ -375,8 +377,7 @@ class AgentRun(ToolCalls, RunContext):
                         raise await limits.cut_off_run(self)
                 self.events.run_done(output, self.stop.reason if self.stop else None)
             tracing.agent_output(span, output)
-            spend = await run_spend(store, self.env.session_id, self.agent, self.id)
-            tracing.agent_spend(span, *spend)  # this run's own tokens and cost
+            await trace_spend(tracing, span, store, self.agent, self.record, self.own_usage)
             return output
 
     async def _loop(self) -> str:
@@ -576,6 +577,8 @@ class AgentRun(ToolCalls, RunContext):
             tool_events=started,
         )
         self.next_seq += 1
+        if self.own_usage is not None:
+            self.own_usage += response.usage
         self.last_response_id = response.id
         self.served_model = model
         self._fresh_tools = (

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opentelemetry.trace import Span
+
 from anabranch.agents import Agent
 from anabranch.context._pricing import PriceTable
 from anabranch.messages import Usage
 from anabranch.store import RunRecord, Store
+from anabranch.traces import Tracing
 
-__all__ = ["ContextGauge", "context_gauge", "root_run", "run_spend"]
+__all__ = ["ContextGauge", "context_gauge", "root_run", "run_spend", "trace_spend"]
 
 _PRICES = PriceTable()
 
@@ -51,10 +54,24 @@ async def context_gauge(store: Store, session_id: str, agent: Agent) -> ContextG
 
 
 async def run_spend(
-    store: Store, session_id: str, agent: Agent, run_id: str
+    store: Store, session_id: str, agent: Agent, run_id: str, own: Usage | None = None
 ) -> tuple[Usage, float | None]:
-    """Tokens and estimated USD of one run's own successful calls (None: unpriced)."""
-    sums = await store.sum_call_usage(session_id, tuple(Usage.model_fields), run_id=run_id)
-    usage = Usage(**sums)
+    """Tokens and estimated USD of one run's own successful calls (None: unpriced).
+
+    ``own``: their usage summed as they were committed, when every one of them was (a run
+    started by this process); otherwise the store sums them."""
+    if own is None:
+        sums = await store.sum_call_usage(session_id, tuple(Usage.model_fields), run_id=run_id)
+        own = Usage(**sums)
+    usage = own
     cost = _PRICES.cost(agent.model, usage)
     return usage, cost.total if cost is not None else None
+
+
+async def trace_spend(
+    tracing: Tracing, span: Span, store: Store, agent: Agent, run: RunRecord, own: Usage | None
+) -> None:
+    """A run's own tokens and cost onto its ``invoke_agent`` span; nothing is summed for a
+    span that records nothing. ``own``: see ``run_spend``."""
+    if span.is_recording():
+        tracing.agent_spend(span, *await run_spend(store, run.session_id, agent, run.id, own))
