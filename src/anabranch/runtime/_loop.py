@@ -187,7 +187,7 @@ class AgentRun(ToolCalls, RunContext):
             messages=run.message_records(messages),
         )
         run.system, run.tools = system, tools
-        run.own_usage = Usage()  # no call of it was committed elsewhere
+        run.own_usage, run.undriven = Usage(), True  # no call or drive of it was elsewhere
         run.next_seq = len(messages)
         run.context = list(messages)
         run.appended_since_usage = list(messages)
@@ -351,7 +351,8 @@ class AgentRun(ToolCalls, RunContext):
         store = self.env.store
         # the latest few drives (each links further back): a run driven thousands of times
         # (a long chat) would otherwise read and link every earlier drive on each one
-        earlier = [SpanRef(t, s) for t, s in await store.run_spans(self.id, limit=RESUME_LINKS)]
+        spans = [] if self.undriven else await store.run_spans(self.id, limit=RESUME_LINKS)
+        earlier, self.undriven = [SpanRef(t, s) for t, s in spans], False
         with tracing.agent_run(
             agent=self.agent.name,
             run_id=self.id,

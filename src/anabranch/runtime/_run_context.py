@@ -72,6 +72,8 @@ class RunContext:
     committed_results: dict[str, ToolResultBlock]
     """The latest tool calls' results as their finished events hold them (a message block
     equal to one is stored as a reference to its event: the output is stored once)."""
+    undriven: bool = False
+    """This object created the run and has not driven it yet: no earlier drive exists."""
 
     @property
     def id(self) -> str:
