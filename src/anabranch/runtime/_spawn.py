@@ -187,7 +187,8 @@ class SpawnTool:
             )
         env = run.env
         cap = self._report_cap(run, role)
-        existing = await env.store.find_child_run(run.id, call.id)
+        fresh = call.id in run.fresh_calls  # asked for a moment ago: no child of it yet
+        existing = None if fresh else await env.store.find_child_run(run.id, call.id)
         if existing is not None and existing.status != "running":
             stored = RunOutcome.of_record(existing)
             return await self._tool_result(run, call, role, stored, cap)

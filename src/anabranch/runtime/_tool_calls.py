@@ -89,6 +89,9 @@ class ToolCalls:
     """Tool calls of the response just committed here, and those marked started with it."""
     committed_results: dict[str, ToolResultBlock]
     """The results of the latest calls as their finished events hold them."""
+    fresh_calls: frozenset[str] = frozenset()
+    """The current turn's calls whose ``started`` events were committed here with the
+    response that asked for them: none of them ran before (nothing they start exists)."""
 
     @property
     def id(self) -> str:
@@ -134,6 +137,7 @@ class ToolCalls:
             call_id: ToolOutcome(e.content or "", e.is_error, attachments_from_json(e.attachments))
             for call_id, e in finished.items()
         }
+        self.fresh_calls = marked
         todo = [use for use in uses if use.id not in finished]
         gate = await gate_calls(self.as_view(), todo, events)
         outcomes.update(gate.denied)
