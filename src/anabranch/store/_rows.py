@@ -10,10 +10,11 @@ from anabranch.store._records import (
     MessageRecord,
     RunRecord,
     SnapshotRecord,
+    SpillRecord,
     ToolEventRecord,
 )
 
-__all__ = ["call_row", "message_row", "run_row", "snapshot_row", "tool_event_row"]
+__all__ = ["call_row", "message_row", "run_row", "snapshot_row", "spill_row", "tool_event_row"]
 
 
 def message_row(message: MessageRecord) -> dict[str, Any]:
@@ -37,6 +38,16 @@ def tool_event_row(event: ToolEventRecord) -> dict[str, Any]:
         "is_error": bool(event.is_error),
         "created": event.created,
         "attachments": event.attachments,
+    }
+
+
+def spill_row(spill: SpillRecord) -> dict[str, Any]:
+    return {
+        "handle": spill.handle,
+        "run_id": spill.run_id,
+        "call_id": spill.call_id,
+        "content": spill.content,
+        "created": spill.created,
     }
 
 

@@ -8,10 +8,9 @@ from typing import Any
 import psycopg
 
 from anabranch.errors import StoreError
-from anabranch.store._records import SpillRecord
 from anabranch.store.postgres._connection import Later, Tx
 
-__all__ = ["SAVE_SPILL", "insert", "insert_id", "rowcount", "spill_row"]
+__all__ = ["SAVE_SPILL", "insert", "insert_id", "rowcount"]
 
 SAVE_SPILL = """
     INSERT INTO spills (handle, run_id, call_id, content, created, event_id)
@@ -25,16 +24,6 @@ SAVE_SPILL = """
     ON CONFLICT (handle) DO NOTHING
 """
 """A spill row: its text, or (when that is its call's finished event's) the event's id."""
-
-
-def spill_row(spill: SpillRecord) -> dict[str, Any]:
-    return {
-        "handle": spill.handle,
-        "run_id": spill.run_id,
-        "call_id": spill.call_id,
-        "content": spill.content,
-        "created": spill.created,
-    }
 
 
 @functools.lru_cache(maxsize=64)

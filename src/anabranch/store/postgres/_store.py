@@ -38,7 +38,14 @@ from anabranch.store._records import (
     SpillRecord,
     ToolEventRecord,
 )
-from anabranch.store._rows import call_row, message_row, run_row, snapshot_row, tool_event_row
+from anabranch.store._rows import (
+    call_row,
+    message_row,
+    run_row,
+    snapshot_row,
+    spill_row,
+    tool_event_row,
+)
 from anabranch.store.postgres._connection import NOW, Connections, Fence, Later, Tx, connect
 from anabranch.store.postgres._migrate import migrate
 from anabranch.store.postgres._reads import Reads
@@ -47,7 +54,6 @@ from anabranch.store.postgres._statements import (
     insert,
     insert_id,
     rowcount,
-    spill_row,
 )
 
 __all__ = ["PostgresStore"]

@@ -20,6 +20,7 @@ from anabranch.store._records import (
     SpillRecord,
     ToolEventRecord,
 )
+from anabranch.store._rows import spill_row
 from anabranch.store.sqlite._blobs import dehydrate
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._rows import (
@@ -52,16 +53,6 @@ _SPILL_SQL = """
     FROM spills s LEFT JOIN tool_events t ON t.id = s.event_id WHERE s.handle = ?
 """
 """A spill with its text (read from its tool event if it refers to one)."""
-
-
-def _spill_values(spill: SpillRecord) -> dict[str, Any]:
-    return {
-        "handle": spill.handle,
-        "run_id": spill.run_id,
-        "call_id": spill.call_id,
-        "content": spill.content,
-        "created": spill.created,
-    }
 
 
 class SQLiteHistory:
@@ -298,7 +289,7 @@ class SQLiteHistory:
         if not spills and not messages:
             await self._sql.write(lambda conn: insert(conn, "tool_events", values))
             return
-        spill_values = [_spill_values(s) for s in spills]
+        spill_values = [spill_row(s) for s in spills]
         message_values = [message_row(m) for m in messages]
 
         def write(conn: sqlite3.Connection) -> None:
@@ -437,7 +428,7 @@ class SQLiteHistory:
         A text equal to the call's finished tool event (a spilled output) is not stored a
         second time: the row refers to that event (``event_id``), in the same transaction.
         """
-        values = _spill_values(SpillRecord(handle, run_id, call_id, content, time.time()))
+        values = spill_row(SpillRecord(handle, run_id, call_id, content, time.time()))
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute(_SAVE_SPILL, dehydrate(conn, "spills", values))  # an image: a blob
