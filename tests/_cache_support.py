@@ -79,7 +79,9 @@ class FakeClock:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.now = time.time()
-        monkeypatch.setattr("anabranch.runtime._loop.time", SimpleNamespace(time=self))
+        clock = SimpleNamespace(time=self)
+        monkeypatch.setattr("anabranch.runtime._loop.time", clock)
+        monkeypatch.setattr("anabranch.runtime._model_calls.time", clock)  # the call rows'
 
     def __call__(self) -> float:
         return self.now

@@ -81,6 +81,19 @@ class _OkCall:
             settings=call.settings or "",
         )
 
+    @classmethod
+    def answered(cls, call_id: int, call: CallRecord, response: ModelResponse) -> _OkCall:
+        """A call made by this process, committed as ``call_id`` with ``response``."""
+        return cls(
+            id=call_id,
+            model=response.model,
+            created=call.created,
+            usage=response.usage,
+            snapshot_version=call.snapshot_version,
+            compactions=call.compactions or 0,
+            settings=call.settings or "",
+        )
+
     def state(self, model: str, digests: tuple[str, str]) -> CallCacheState:
         return CallCacheState(
             model=model,
@@ -105,33 +118,32 @@ class CacheWatch:
     """Cache-break detection for one run, remembering the run's latest successful call."""
 
     def __init__(self) -> None:
-        self._previous: _OkCall | None = None
         self._known = False
-        """Whether ``_previous`` is known (only after a call made by this run object)."""
+        """Whether the previous call is known (only after a call made by this run object)."""
+        self._call: CallRecord | None = None
+        self._call_id = 0
+        self._response: ModelResponse | None = None
+        """The latest successful call made here: its committed row, id and response, kept
+        as they are (they live anyway); what a check compares is built only for the check,
+        so no record per call outlives it."""
 
     async def after_call(
         self, run: RunView, call_id: int, call: CallRecord, response: ModelResponse
     ) -> CacheBreak | None:
         """Record (and emit) a cache break for ``call`` (committed as ``call_id`` with its
         ``response``) if there is one; it becomes the previous call of the next check."""
-        current = _OkCall(
-            id=call_id,
-            model=response.model,
-            created=call.created,
-            usage=response.usage,
-            snapshot_version=call.snapshot_version,
-            compactions=call.compactions or 0,
-            settings=call.settings or "",
-        )
-        known, previous = self._known, self._previous
-        self._known, self._previous = True, current
+        known, last, last_id, last_response = self._known, self._call, self._call_id, self._response
+        self._known, self._call, self._call_id, self._response = True, call, call_id, response
         if not run.agent.context.cache_breakpoints:
             return None
+        previous = None
         if not known:  # a run's ok calls are its turns 1..n: none is before the first turn
             previous = None if call.turn == 1 else await _stored_previous(run, call_id)
+        elif last is not None and last_response is not None:
+            previous = _OkCall.answered(last_id, last, last_response)
         if previous is None:
             return None
-        return await _check(run, current, previous, response)
+        return await _check(run, _OkCall.answered(call_id, call, response), previous, response)
 
 
 async def _check(

@@ -19,8 +19,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 from typing import TypeVar
 
 import anyio
@@ -35,7 +34,7 @@ from anabranch.context._output import (
     parse_output,
     retry_message,
 )
-from anabranch.errors import ModelError, OutputValidationError, PromptTooLongError
+from anabranch.errors import OutputValidationError
 from anabranch.messages import (
     Message,
     ModelRequest,
@@ -45,8 +44,6 @@ from anabranch.messages import (
     ToolResultBlock,
     Usage,
 )
-from anabranch.models._base import StreamingModel
-from anabranch.models._retry import retrying
 from anabranch.runtime._approval import GatedRun
 from anabranch.runtime._cache_watch import CacheWatch
 from anabranch.runtime._context_view import ContextView
@@ -57,13 +54,12 @@ from anabranch.runtime._history import (
     context_for,
     exchange_turns,
     load_messages,
-    message_json,
     snapshot_blocks,
     snapshot_record,
     usage_anchor,
-    usage_json,
 )
 from anabranch.runtime._memory import attach_relevant_memories
+from anabranch.runtime._model_calls import ModelCalls
 from anabranch.runtime._model_switch import served_model
 from anabranch.runtime._run_context import PipelineStep, RunContext
 from anabranch.runtime._run_events import RunEvents
@@ -72,7 +68,7 @@ from anabranch.runtime._run_prompt import build_prompt, run_request, with_breakp
 from anabranch.runtime._session_view import trace_spend
 from anabranch.runtime._thinking_view import floor_after_load, request_messages
 from anabranch.runtime._tool_calls import INTERRUPTED_REPORT, ToolCalls
-from anabranch.store import CallRecord, MessageRecord, RunRecord, Store
+from anabranch.store import CallRecord, RunRecord, Store
 from anabranch.traces import SpanRef, Tracing
 
 T = TypeVar("T")
@@ -88,7 +84,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
 
 
-class AgentRun(ToolCalls, RunContext):
+class AgentRun(ModelCalls, ToolCalls, RunContext):
     """One run of one agent with its own context. Create with ``start`` or ``load``."""
 
     def __init__(self, env: Environment, agent: Agent, record: RunRecord) -> None:
@@ -120,6 +116,7 @@ class AgentRun(ToolCalls, RunContext):
         """The latest tool calls' results as their finished events hold them (a message
         block equal to one is stored as a reference to its event)."""
         self.events = RunEvents(self, env.events)
+        self._on_retry = self.events.retry_scheduled
         self.cache_watch = CacheWatch()
         self.stop: LimitStop | None = None
         """The limit that ended this run with a final report, if one did."""
@@ -445,148 +442,6 @@ class AgentRun(ToolCalls, RunContext):
                 raise failure from None
             await self.append(retry_message(error, used + 1, allowed + 1))
             return None
-
-    async def request_once(
-        self,
-        request: ModelRequest,
-        *,
-        attempt: int,
-        purpose: str | None = None,
-        on_response: Callable[[ModelResponse], Awaitable[None]] | None = None,
-    ) -> ModelResponse:
-        """One model call attempt, traced as its own ``chat`` span (no retry).
-
-        ``on_response`` runs inside the span, so what it records (the commit, a cache-break
-        event) belongs to this call.
-        """
-        env = self.env
-        with env.tracing.model_call(
-            model=request.model,
-            session_id=env.session_id,
-            agent=self.agent.name,
-            attempt=attempt,
-            compacted=self.compactions > 0,
-            messages=request.messages,
-            system=request.system,
-            purpose=purpose,
-        ) as span:
-            self.events.call_started(request, attempt, purpose)
-            try:
-                model = env.model
-                if env.events.active and isinstance(model, StreamingModel):
-                    response = await model.request_streaming(request, self.events.delta)
-                else:
-                    response = await model.request(request)
-            except ModelError as error:
-                env.tracing.model_error(span, error)
-                self.events.call_failed(attempt, purpose, error)
-                raise
-            self.events.call_finished(attempt, purpose, response)
-            await session_limits(env).charge(self, response.model or request.model, response.usage)
-            env.tracing.model_response(
-                span,
-                response_id=response.id,
-                response_model=response.model,
-                stop_reason=response.stop_reason,
-                usage=response.usage,
-                output=response.to_message(),
-            )
-            if on_response is not None:
-                await on_response(response)
-            return response
-
-    async def with_retries(self, attempt: Callable[[int], Awaitable[T]]) -> T:
-        """``attempt(n)`` retried under the session's retry policy; each retry is traced
-        and announced as an event."""
-        return await retrying(self.env.retry, attempt, on_retry=self._retry_scheduled)
-
-    def _retry_scheduled(self, error: ModelError, delay: float, attempt: int) -> None:
-        self.env.tracing.retry_scheduled(error, delay, attempt)
-        self.events.retry(attempt, error, delay)
-
-    async def call_model(
-        self, *, tool_choice: str | None = None, max_tokens: int | None = None
-    ) -> ModelResponse:
-        """One model turn with retries; the call row is committed before each attempt."""
-        too_long_attempts = 0
-        while True:
-            try:
-                return await self.with_retries(
-                    partial(self._call_once, tool_choice=tool_choice, max_tokens=max_tokens)
-                )
-            except PromptTooLongError as error:
-                too_long_attempts += 1
-                react = partial(
-                    self.env.pipeline.on_prompt_too_long, error=error, attempt=too_long_attempts
-                )
-                async with self.events.compactions():
-                    outcome = await self.pipeline_step(react)
-                if not outcome.applied:
-                    raise
-                # the pipeline made the request smaller: start counting attempts again
-
-    async def _call_once(
-        self, attempt: int, *, tool_choice: str | None = None, max_tokens: int | None = None
-    ) -> ModelResponse:
-        """One attempt of a model turn: commit the call row, send, commit the outcome."""
-        env = self.env
-        if not self.agent.context.system_prompt_snapshot:
-            await self.rebuild_snapshot("rebuild")
-        request = self.build_request(tool_choice=tool_choice, max_tokens=max_tokens)
-        call = CallRecord(
-            run_id=self.id,
-            turn=self.turns + 1,
-            attempt=attempt,
-            fingerprint=request.fingerprint(),
-            message_count=len(request.messages),
-            created=time.time(),
-            snapshot_version=self.snapshot_version,
-            compactions=self.compactions,
-            settings=request.settings.cache_key(),
-        )
-        call_id = await env.store.begin_call(call, ())
-        commit = partial(self._commit_response, call_id, call, request.model)
-        try:
-            return await self.request_once(request, attempt=attempt, on_response=commit)
-        except ModelError as error:
-            await env.store.finish_call(
-                call_id, status="error", error_type=type(error).__name__, error=str(error)
-            )
-            raise
-
-    async def _commit_response(
-        self, call_id: int, call: CallRecord, model: str, response: ModelResponse
-    ) -> None:
-        """Commit a call's answer (its assistant message, usage, and the ``started`` marks
-        of the tools it asks for) in one transaction, inside the call's span."""
-        message = response.to_message()
-        started = self._started_events(message.tool_uses)
-        await self.env.store.finish_call(
-            call_id,
-            status="ok",
-            message=MessageRecord(
-                run_id=self.id,
-                seq=self.next_seq,
-                role="assistant",
-                content=message_json(message),
-                created=time.time(),
-            ),
-            response_id=response.id,
-            model=response.model,
-            stop_reason=response.stop_reason,
-            usage=usage_json(response.usage),
-            tool_events=started,
-        )
-        self.next_seq += 1
-        if self.own_usage is not None:
-            self.own_usage += response.usage
-        self.last_response_id = response.id
-        self.served_model = model
-        self._fresh_tools = (
-            tuple([u.id for u in message.tool_uses]),
-            frozenset([e.call_id for e in started]),
-        )
-        await self.after_response(call_id, call, response)
 
     async def after_response(self, call_id: int, call: CallRecord, response: ModelResponse) -> None:
         """Records a cache break if this call read less cache than it could; then runs the

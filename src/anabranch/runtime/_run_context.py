@@ -96,7 +96,7 @@ class RunContext:
     ) -> ModelResponse:
         raise NotImplementedError
 
-    async def with_retries(self, attempt: Callable[[int], Awaitable[T]]) -> T:
+    def with_retries(self, attempt: Callable[[int], Awaitable[T]]) -> Awaitable[T]:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ accounting

@@ -170,7 +170,9 @@ class RunEvents:
             error=f"{type(error).__name__}: {error}",
         )
 
-    def retry(self, attempt: int, error: ModelError, delay: float) -> None:
+    def retry_scheduled(self, error: ModelError, delay: float, attempt: int) -> None:
+        """A model call's retry: traced on the current span, then announced."""
+        self._run.tracing.retry_scheduled(error, delay, attempt)
         self.emit(
             ev.Retry,
             attempt=attempt,

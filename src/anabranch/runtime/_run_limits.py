@@ -193,6 +193,10 @@ class TurnNotes:
         return tuple(TextBlock(text=t) for t in texts)
 
 
+NO_NOTES = TurnNotes()
+"""A user turn with nothing to add (most turns): one shared, immutable value."""
+
+
 class TenantLedger(Protocol):
     """Where a tenant's spend is kept, so every process serving the tenant sees it."""
 
@@ -379,8 +383,9 @@ class SessionLimits:
         spend = self.spend_of(model, usage)
         self._record(run.id, spend)
         lineage = self._lineage(run.id)
-        if lineage:
-            lineage[0].last_call = spend
+        if lineage:  # in place: a run keeps no record per call
+            last = lineage[0].last_call
+            last.tokens, last.cost_usd = spend.tokens, spend.cost_usd
         for state in lineage:
             if state.scope is not None:
                 state.scope.spent.add(spend)
@@ -516,7 +521,7 @@ class SessionLimits:
                 remaining_tokens=tokens,
                 remaining_usd=dollars,
             )
-        return TurnNotes(notes=tuple(notes))
+        return TurnNotes(notes=tuple(notes)) if notes else NO_NOTES
 
     async def spawn_refusal(self, run_id: str, role: Agent) -> str | None:
         """Why a new child of run ``run_id`` may not start (no budget left), or None."""

@@ -1,0 +1,230 @@
+"""``ModelCalls``: one model turn's call under the write-ahead protocol (part of the loop).
+
+Mixed into ``AgentRun``. Each attempt commits its call row before the request leaves the
+process, sends it inside its own ``chat`` span, and commits the answer (the assistant
+message, its usage, the ``started`` marks of the tools it asks for) in one transaction
+inside that span; a failed attempt is committed as such and retried under the session's
+retry policy.
+
+What an attempt holds while it waits for the model lives as long as that wait (a model's
+latency, far longer than the cyclic GC's young generations): it is kept to the objects
+the call needs (no closure, ``partial`` or bound method per call where a plain argument
+does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
+
+from anabranch.agents import Agent
+from anabranch.errors import ModelError, PromptTooLongError
+from anabranch.messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ToolDefinition,
+    ToolUseBlock,
+    Usage,
+)
+from anabranch.models._base import StreamingModel
+from anabranch.models._retry import retrying
+from anabranch.runtime._context_view import CompactionOutcome
+from anabranch.runtime._environment import Environment
+from anabranch.runtime._history import message_json, usage_json
+from anabranch.runtime._run_events import RunEvents
+from anabranch.runtime._run_limits import session_limits
+from anabranch.store import CallRecord, MessageRecord, RunRecord, ToolEventRecord
+
+if TYPE_CHECKING:
+    from anabranch.runtime._run_context import PipelineStep
+
+__all__ = ["ModelCalls"]
+
+T = TypeVar("T")
+
+RetryNotice = Callable[[ModelError, float, int], None]
+
+
+class ModelCalls:
+    """Model calls of one agent run (mixed into ``AgentRun``, which sets these)."""
+
+    env: Environment
+    agent: Agent
+    record: RunRecord
+    tools: tuple[ToolDefinition, ...]
+    context: list[Message]
+    events: RunEvents
+    turns: int
+    turn_base: int
+    compactions: int
+    snapshot_version: int
+    next_seq: int
+    last_response_id: str | None
+    own_usage: Usage | None
+    """A run started here: its calls' usage, summed (see ``AgentRun``)."""
+    served_model: str | None
+    _fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None
+    _on_retry: RetryNotice
+    """``events.retry_scheduled``, bound once per run (not once per call)."""
+
+    if TYPE_CHECKING:  # the loop's and ``ToolCalls``' (they come after this class)
+
+        @property
+        def id(self) -> str: ...
+
+        def build_request(
+            self, *, tool_choice: str | None = None, max_tokens: int | None = None
+        ) -> ModelRequest: ...
+
+        async def rebuild_snapshot(self, reason: str) -> bool: ...
+
+        async def pipeline_step(self, step: PipelineStep) -> CompactionOutcome: ...
+
+        def _started_events(self, uses: Sequence[ToolUseBlock]) -> list[ToolEventRecord]: ...
+
+        async def after_response(
+            self, call_id: int, call: CallRecord, response: ModelResponse
+        ) -> None: ...
+
+    async def request_once(
+        self,
+        request: ModelRequest,
+        *,
+        attempt: int,
+        purpose: str | None = None,
+        call: CallRecord | None = None,
+        call_id: int = 0,
+    ) -> ModelResponse:
+        """One model call attempt, traced as its own ``chat`` span (no retry).
+
+        ``call``: the committed call row (id ``call_id``) this attempt answers; its answer
+        is committed inside the span, so what that records (the commit, a cache-break
+        event) belongs to this call.
+        """
+        env = self.env
+        with env.tracing.model_call(
+            model=request.model,
+            session_id=env.session_id,
+            agent=self.agent.name,
+            attempt=attempt,
+            compacted=self.compactions > 0,
+            messages=request.messages,
+            system=request.system,
+            purpose=purpose,
+        ) as span:
+            self.events.call_started(request, attempt, purpose)
+            try:
+                model = env.model
+                if env.events.active and isinstance(model, StreamingModel):
+                    response = await model.request_streaming(request, self.events.delta)
+                else:
+                    response = await model.request(request)
+            except ModelError as error:
+                env.tracing.model_error(span, error)
+                self.events.call_failed(attempt, purpose, error)
+                raise
+            self.events.call_finished(attempt, purpose, response)
+            await session_limits(env).charge(self, response.model or request.model, response.usage)
+            env.tracing.model_response(
+                span,
+                response_id=response.id,
+                response_model=response.model,
+                stop_reason=response.stop_reason,
+                usage=response.usage,
+                output=response.to_message(),
+            )
+            if call is not None:
+                await self._commit_response(call_id, call, request.model, response)
+            return response
+
+    def with_retries(self, attempt: Callable[[int], Awaitable[T]]) -> Awaitable[T]:
+        """``attempt(n)`` retried under the session's retry policy; each retry is traced
+        and announced as an event. (The retry loop itself, not a coroutine around it.)"""
+        return retrying(self.env.retry, attempt, on_retry=self._on_retry)
+
+    async def call_model(
+        self, *, tool_choice: str | None = None, max_tokens: int | None = None
+    ) -> ModelResponse:
+        """One model turn with retries; the call row is committed before each attempt."""
+        too_long_attempts = 0
+        attempt: Callable[[int], Awaitable[ModelResponse]] = self._call_once
+        if tool_choice is not None or max_tokens is not None:
+            attempt = partial(self._call_once, tool_choice=tool_choice, max_tokens=max_tokens)
+        while True:
+            try:
+                return await self.with_retries(attempt)
+            except PromptTooLongError as error:
+                too_long_attempts += 1
+                react = partial(
+                    self.env.pipeline.on_prompt_too_long, error=error, attempt=too_long_attempts
+                )
+                async with self.events.compactions():
+                    outcome = await self.pipeline_step(react)
+                if not outcome.applied:
+                    raise
+                # the pipeline made the request smaller: start counting attempts again
+
+    async def _call_once(
+        self, attempt: int, *, tool_choice: str | None = None, max_tokens: int | None = None
+    ) -> ModelResponse:
+        """One attempt of a model turn: commit the call row, send, commit the outcome."""
+        env = self.env
+        if not self.agent.context.system_prompt_snapshot:
+            await self.rebuild_snapshot("rebuild")
+        request = self.build_request(tool_choice=tool_choice, max_tokens=max_tokens)
+        call = CallRecord(
+            run_id=self.id,
+            turn=self.turns + 1,
+            attempt=attempt,
+            fingerprint=request.fingerprint(),
+            message_count=len(request.messages),
+            created=time.time(),
+            snapshot_version=self.snapshot_version,
+            compactions=self.compactions,
+            settings=request.settings.cache_key(),
+        )
+        call_id = await env.store.begin_call(call, ())
+        try:
+            return await self.request_once(request, attempt=attempt, call=call, call_id=call_id)
+        except ModelError as error:
+            await env.store.finish_call(
+                call_id, status="error", error_type=type(error).__name__, error=str(error)
+            )
+            raise
+
+    async def _commit_response(
+        self, call_id: int, call: CallRecord, model: str, response: ModelResponse
+    ) -> None:
+        """Commit a call's answer (its assistant message, usage, and the ``started`` marks
+        of the tools it asks for) in one transaction, inside the call's span."""
+        message = response.to_message()
+        started = self._started_events(message.tool_uses)
+        await self.env.store.finish_call(
+            call_id,
+            status="ok",
+            message=MessageRecord(
+                run_id=self.id,
+                seq=self.next_seq,
+                role="assistant",
+                content=message_json(message),
+                created=time.time(),
+            ),
+            response_id=response.id,
+            model=response.model,
+            stop_reason=response.stop_reason,
+            usage=usage_json(response.usage),
+            tool_events=started,
+        )
+        self.next_seq += 1
+        if self.own_usage is not None:
+            self.own_usage += response.usage
+        self.last_response_id = response.id
+        self.served_model = model
+        self._fresh_tools = (
+            tuple([u.id for u in message.tool_uses]),
+            frozenset([e.call_id for e in started]),
+        )
+        await self.after_response(call_id, call, response)

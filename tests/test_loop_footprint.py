@@ -1,0 +1,86 @@
+"""What a run holds while its model call waits (issue 12: CPU per model call).
+
+Whatever the loop keeps alive across a model's latency outlives the cyclic GC's young
+generations and is walked again by every full collection, so the loop keeps no wrapper
+or record per call there: no ``partial`` or extra bound method of the run, no cache-watch
+or limits record made for the call, one shared value for a turn without notes.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import types
+from pathlib import Path
+
+import pytest
+
+from anabranch import Agent, Runtime, tool
+from anabranch.messages import Block, ModelRequest, TextBlock
+from anabranch.runtime._cache_watch import _OkCall
+from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._run_limits import NO_NOTES, Spend, TurnNotes
+from anabranch.testing import FunctionModel
+
+from .helpers import call
+
+pytestmark = pytest.mark.anyio
+
+TURNS = 5
+
+
+@tool
+async def note(text: str) -> str:
+    """Record a note."""
+    return f"noted: {text}"
+
+
+def _held_by_the_loop() -> dict[str, object]:
+    """What the loop's own per-call objects look like right now (after a full collection)."""
+    gc.collect()
+    objects = gc.get_objects()
+    run_methods = sorted(
+        o.__func__.__name__
+        for o in objects
+        if isinstance(o, types.MethodType) and isinstance(o.__self__, AgentRun)
+    )
+    partials = [
+        o
+        for o in objects
+        if isinstance(o, functools.partial)
+        and isinstance(o.func, types.MethodType)
+        and isinstance(o.func.__self__, AgentRun)
+    ]
+    return {
+        "run_methods": run_methods,
+        "partials": len(partials),
+        "ok_calls": sum(1 for o in objects if isinstance(o, _OkCall)),
+        "notes": [o for o in objects if isinstance(o, TurnNotes) and o is not NO_NOTES],
+        "spends": {id(o) for o in objects if isinstance(o, Spend)},
+    }
+
+
+async def test_a_model_call_in_flight_holds_no_wrapper_or_record_of_its_own(
+    tmp_path: Path,
+) -> None:
+    seen: list[dict[str, object]] = []
+
+    async def respond(request: ModelRequest) -> list[Block]:
+        seen.append(_held_by_the_loop())
+        if len(seen) < TURNS:
+            return [call("note", text=f"step {len(seen)}")]
+        return [TextBlock(text="done")]
+
+    agent = Agent(name="worker", model="test-model", instructions="Work.", tools=[note])
+    async with Runtime(db=tmp_path / "r.db", model=FunctionModel(respond)) as rt:
+        result = await rt.run(agent, "go")
+    assert result.status == "done" and result.output == "done"
+    assert len(seen) == TURNS
+    for held in seen:
+        # bound methods of the run: the attempt a call waits in, the body the run drives
+        assert held["run_methods"] == ["_call_once", "_loop"], held
+        assert held["partials"] == 0
+        assert held["ok_calls"] == 0  # the previous call is kept as its row and response
+        assert held["notes"] == []  # a tool turn without notes carries the shared value
+    # the spend ledger is updated in place: the same records at every call
+    assert all(held["spends"] == seen[0]["spends"] for held in seen)
