@@ -11,12 +11,15 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from anabranch.context._tokens import estimate_messages, message_tokens
+from anabranch.context._tokens import estimate_messages, estimate_request, message_tokens
 from anabranch.messages import (
     Image,
     Message,
+    ModelRequest,
     ModelSettings,
+    SystemBlock,
     TextBlock,
+    ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
@@ -145,3 +148,15 @@ def test_a_messages_json_is_the_canonical_json_of_its_dump(blocks: list[Any], ro
     dumped = message.model_dump(mode="json")
     assert message_content_json(message) == canonical_json(dumped["content"])
     assert message_digest(message) == hashlib.sha256(canonical_json(dumped).encode()).digest()
+
+
+def test_a_kept_prompt_size_follows_the_blocks_it_was_made_from() -> None:
+    tool = ToolDefinition(name="t", description="d", input_schema={"type": "object"})
+    request = ModelRequest(
+        model="m", system=(SystemBlock(text="s" * 400),), tools=(tool,), messages=()
+    )
+    first = estimate_request(request)
+    assert estimate_request(ModelRequest.model_validate(request.model_dump())) == first
+    longer = tool.model_copy(update={"description": "d" * 4000})
+    assert estimate_request(request.model_copy(update={"tools": (longer,)})) > first + 900
+    assert estimate_request(request) == first

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from anabranch._memo import IdentityMemo
 from anabranch.context._content import message_attachment_tokens
-from anabranch.messages import Message, ModelRequest, canonical_json
+from anabranch.messages import (
+    Message,
+    ModelRequest,
+    SystemBlock,
+    ToolDefinition,
+    canonical_json,
+)
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -51,9 +58,17 @@ def estimate_messages(messages: Iterable[Message]) -> int:
 
 def estimate_request(request: ModelRequest) -> int:
     """Estimated prompt tokens of a whole request: tools, system and messages."""
-    chars = sum(len(b.text) for b in request.system)
-    chars += sum(
-        len(t.name) + len(t.description) + len(canonical_json(t.input_schema))
-        for t in request.tools
-    )
+    chars = _PROMPT_CHARS.get((request.system, request.tools), _prompt_chars)
     return _estimate_chars(chars) + estimate_messages(request.messages)
+
+
+_PROMPT_CHARS: IdentityMemo[int] = IdentityMemo()
+"""Characters of a prompt's system blocks and tool definitions, by the (immutable) blocks:
+a run's requests share its snapshot's."""
+
+
+def _prompt_chars(system: tuple[SystemBlock, ...], tools: tuple[ToolDefinition, ...]) -> int:
+    chars = sum(len(b.text) for b in system)
+    return chars + sum(
+        len(t.name) + len(t.description) + len(canonical_json(t.input_schema)) for t in tools
+    )
