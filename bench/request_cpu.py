@@ -80,24 +80,33 @@ def _round(
         [m if id(m) in shared else _fresh(m) for m in last.messages] for _ in range(runs)
     ]
     contexts: list[list[Message]] = [[t[0]] for t in transcripts]
+    results = [  # what the loop keeps: the results as their finished events hold them
+        {b.tool_use_id: b for m in t if m.role == "user" for b in m.tool_results}
+        for t in transcripts
+    ]
     build = records = 0.0
     for step in range(CALLS_PER_RUN):
         answer = answers[step]
-        for index, context in enumerate(contexts):
-            started = time.process_time()
-            request = run_request(agent, system, tools, context, last_response_id=None, placed=True)
+        started = time.process_time()
+        sent = [  # every run's call of this step, alive together as they are in the bench
+            run_request(agent, system, tools, context, last_response_id=None, placed=True)
+            for context in contexts
+        ]
+        for request in sent:
             request.fingerprint()
-            middle = time.process_time()
+        middle = time.process_time()
+        for index, request in enumerate(sent):
             request.settings.cache_key()
             message_json(answer.to_message())
             usage_json(answer.usage)
             if step < CALLS_PER_RUN - 1:
-                result = transcripts[index][len(context) + 1]
-                committed = {b.tool_use_id: b for b in result.tool_results}
-                message_records(f"run-{index}", len(context) + 1, [result], committed=committed)
-            records += time.process_time() - middle
-            build += middle - started
-            if step < CALLS_PER_RUN - 1:
+                seq = len(contexts[index]) + 1
+                result = transcripts[index][seq]
+                message_records(f"run-{index}", seq, [result], committed=results[index])
+        records += time.process_time() - middle
+        build += middle - started
+        if step < CALLS_PER_RUN - 1:
+            for index, context in enumerate(contexts):
                 context += transcripts[index][len(context) : len(context) + 2]
     calls = runs * CALLS_PER_RUN
     return {"build": build / calls * 1e6, "records": records / calls * 1e6}
