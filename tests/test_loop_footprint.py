@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from anabranch import Agent, Runtime, tool
+from anabranch import Agent, ContextPolicy, Runtime, tool
 from anabranch.messages import Block, ModelRequest, TextBlock
 from anabranch.runtime._cache_watch import _OkCall
+from anabranch.runtime._context_view import ContextChange, ContextView
 from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.runtime._run_limits import NO_NOTES, Spend, TurnNotes
 from anabranch.testing import FunctionModel
 
@@ -77,10 +79,63 @@ async def test_a_model_call_in_flight_holds_no_wrapper_or_record_of_its_own(
     assert result.status == "done" and result.output == "done"
     assert len(seen) == TURNS
     for held in seen:
-        # bound methods of the run: the attempt a call waits in, the body the run drives
-        assert held["run_methods"] == ["_call_once", "_loop"], held
+        # the attempt is the one bound method of the run a call waits in
+        assert held["run_methods"] == ["_call_once"], held
         assert held["partials"] == 0
         assert held["ok_calls"] == 0  # the previous call is kept as its row and response
         assert held["notes"] == []  # a tool turn without notes carries the shared value
     # the spend ledger is updated in place: the same records at every call
     assert all(held["spends"] == seen[0]["spends"] for held in seen)
+
+
+class _OwnPipeline:
+    """A pipeline that does not say whether it works ahead (no ``works_ahead``)."""
+
+    def __init__(self) -> None:
+        self.inner = PassThroughPipeline()
+        self.background_seen: list[bool] = []
+
+    async def ingest(self, run: ContextView, call: object, outcome: object) -> object:
+        return await self.inner.ingest(run, call, outcome)  # type: ignore[arg-type]
+
+    async def before_call(self, run: ContextView) -> ContextChange | None:
+        self.background_seen.append(run.background is not None)
+        return None
+
+    async def on_prompt_too_long(self, run: ContextView, error: object, attempt: int) -> None:
+        return None
+
+
+def _the_run() -> AgentRun:
+    (run,) = [o for o in gc.get_objects() if isinstance(o, AgentRun)]
+    return run
+
+
+@pytest.mark.parametrize(
+    ("ahead_at", "has_group"), [(None, False), (0.4, True)], ids=["no-work-ahead", "ahead"]
+)
+async def test_a_run_gets_a_background_task_group_only_if_its_pipeline_may_use_one(
+    tmp_path: Path, ahead_at: float | None, has_group: bool
+) -> None:
+    groups: list[bool] = []
+
+    async def respond(request: ModelRequest) -> list[Block]:
+        groups.append(_the_run().background is not None)
+        return [TextBlock(text="done")] if groups[1:] else [call("note", text="x")]
+
+    policy = ContextPolicy(window=200_000, compact_ahead_at=ahead_at)
+    agent = Agent(name="w", model="test-model", instructions="Work.", tools=[note], context=policy)
+    async with Runtime(db=tmp_path / "r.db", model=FunctionModel(respond)) as rt:
+        result = await rt.run(agent, "go")  # the default pipeline (compaction)
+    assert result.status == "done"
+    assert groups == [has_group, has_group]
+
+
+async def test_a_pipeline_that_does_not_say_gets_a_background_task_group(tmp_path: Path) -> None:
+    pipeline = _OwnPipeline()
+    agent = Agent(name="w", model="test-model", instructions="Work.", tools=[note])
+    model = FunctionModel(lambda request: "done")
+    async with Runtime(db=tmp_path / "r.db", model=model, pipeline=pipeline) as rt:  # type: ignore[arg-type]
+        result = await rt.run(agent, "go")
+    assert result.status == "done"
+    assert pipeline.background_seen == [True]

@@ -38,6 +38,7 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
+from anabranch.agents import Agent
 from anabranch.context._compaction import (
     CompactionEvent,
     Rebuilt,
@@ -146,6 +147,9 @@ class CompactingPipeline:
 
     def ingest_now(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
         return spill_over_limit(run, call, outcome)
+
+    def works_ahead(self, agent: Agent) -> bool:
+        return agent.context.compact_ahead_at is not None  # summaries ahead (``_ahead``)
 
     async def before_call(self, run: ContextView) -> ContextChange | None:
         await self.limits.prepare(run)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 import anyio
@@ -362,21 +362,34 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
             if ref is not None:  # so a resumed run's span can link back to this one
                 await store.add_run_span(self.env.session_id, self.id, ref.trace_id, ref.span_id)
             limits = session_limits(self.env)
-            with self.events.run_lifecycle(), limits.driving(self):
-                if self.agent.on_limit == "fail":
-                    with anyio.fail_after(self.agent.timeout):
-                        output = await self.alongside(self._loop)
-                elif (deadline := limits.hard_deadline(self.id)) == math.inf:
-                    output = await self.alongside(self._loop)  # nothing to cut it off
-                else:
-                    with anyio.CancelScope(deadline=deadline) as cap:
-                        output = await self.alongside(self._loop)
-                    if cap.cancelled_caught:
-                        raise await limits.cut_off_run(self)
-                self.events.run_done(output, self.stop.reason if self.stop else None)
+            self.events.run_started()
+            try:
+                with limits.driving(self):
+                    if self.agent.on_limit == "fail" and self.agent.timeout is not None:
+                        with anyio.fail_after(self.agent.timeout):
+                            output = await self._driven()
+                    elif (deadline := limits.hard_deadline(self.id)) == math.inf:
+                        output = await self._driven()  # nothing to cut it off
+                    else:
+                        with anyio.CancelScope(deadline=deadline) as cap:
+                            output = await self._driven()
+                        if cap.cancelled_caught:
+                            raise await limits.cut_off_run(self)
+            except BaseException as error:
+                self.events.run_failed(error)
+                raise
+            self.events.run_done(output, self.stop.reason if self.stop else None)
             tracing.agent_output(span, output)
             await trace_spend(tracing, span, store, self.agent, self.record, self.own_usage)
             return output
+
+    def _driven(self) -> Awaitable[str]:
+        """The loop, with a task group for work ahead (``background``) only if the pipeline
+        may start some for this agent (one without ``works_ahead`` always gets one)."""
+        works_ahead = getattr(self.env.pipeline, "works_ahead", None)
+        if works_ahead is not None and not works_ahead(self.agent):
+            return self._loop()
+        return self.alongside(self._loop)
 
     async def _loop(self) -> str:
         limits = session_limits(self.env)
@@ -421,7 +434,7 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         self.context.append(response.to_message())
         self.turns += 1
         self.last_usage = response.usage
-        self.appended_since_usage = []
+        self.appended_since_usage.clear()  # the run's own list: no new one per call
         return response
 
     async def _checked_output(self, text: str) -> str | None:

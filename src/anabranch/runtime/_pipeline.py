@@ -4,7 +4,9 @@ A pipeline reads a run through ``ContextView`` and returns a ``ContextChange`` (
 nothing to do); the loop commits it (see ``runtime._context_view``). A pipeline whose
 ``ingest`` never awaits also offers it as a plain function, ``ingest_now`` (``IngestsNow``):
 then the loop commits a turn's last tool result and the results message in one transaction,
-in the step in which the tool returned (see ``runtime._tool_calls``).
+in the step in which the tool returned (see ``runtime._tool_calls``). A pipeline that
+says which agents' runs it may start work ahead for (``works_ahead``, ``WorksAhead``)
+spares every other run the task group ``ContextView.background`` would hold.
 """
 
 from __future__ import annotations
@@ -12,13 +14,20 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Protocol
 
+from anabranch.agents import Agent
 from anabranch.context._budget import preview, spill_handle
 from anabranch.errors import PromptTooLongError
 from anabranch.messages import ToolUseBlock
 from anabranch.runtime._builtins import ToolOutcome
 from anabranch.runtime._context_view import ContextChange, ContextView, Ingested, SpillWrite
 
-__all__ = ["ContextPipeline", "IngestsNow", "PassThroughPipeline", "spill_over_limit"]
+__all__ = [
+    "ContextPipeline",
+    "IngestsNow",
+    "PassThroughPipeline",
+    "WorksAhead",
+    "spill_over_limit",
+]
 
 
 class ContextPipeline(Protocol):
@@ -49,6 +58,15 @@ class IngestsNow(Protocol):
 
     def ingest_now(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
         """What ``ingest`` returns, computed without an await."""
+        ...
+
+
+class WorksAhead(Protocol):
+    """A pipeline that says whether it may start background work for an agent's runs."""
+
+    def works_ahead(self, agent: Agent) -> bool:
+        """Whether runs of ``agent`` may start work in ``ContextView.background``; for the
+        others the loop opens no task group (their ``background`` is ``None``)."""
         ...
 
 
@@ -87,3 +105,6 @@ class PassThroughPipeline:
         self, run: ContextView, error: PromptTooLongError, attempt: int
     ) -> ContextChange | None:
         return None
+
+    def works_ahead(self, agent: Agent) -> bool:
+        return False

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -88,29 +88,29 @@ class RunEvents:
             self.emit(ev.TextDelta if kind == "text" else ev.ThinkingDelta, text=text)
 
     # ------------------------------------------------------------------ lifecycle
-    @contextmanager
-    def run_lifecycle(self) -> Iterator[None]:
-        """``run_started`` now; ``run_finished`` with the cause if the run raises."""
+    def run_started(self) -> None:
+        """``run_started``, as the run is driven (the loop then calls ``run_done`` or
+        ``run_failed``)."""
+        if not self._bus.active:
+            return
         run = self._run
-        if self.active:
-            self.emit(
-                ev.RunStarted,
-                depth=run.record.depth,
-                mode=run.record.mode,
-                turns=run.turns,
-                window=run.agent.context.window,
-                threshold=run.threshold,
-            )
-        try:
-            yield
-        except BaseException as error:
-            self.emit(
-                ev.RunFinished,
-                status=run_status_for(error),
-                error=f"{type(error).__name__}: {error}",
-                turns=run.turns,
-            )
-            raise
+        self.emit(
+            ev.RunStarted,
+            depth=run.record.depth,
+            mode=run.record.mode,
+            turns=run.turns,
+            window=run.agent.context.window,
+            threshold=run.threshold,
+        )
+
+    def run_failed(self, error: BaseException) -> None:
+        """``run_finished`` with the cause of a run that raised ``error``."""
+        self.emit(
+            ev.RunFinished,
+            status=run_status_for(error),
+            error=f"{type(error).__name__}: {error}",
+            turns=self._run.turns,
+        )
 
     def run_done(self, output: str, stop_reason: str | None = None) -> None:
         """``run_finished``; ``stop_reason`` when a limit ended the run with its report."""

@@ -21,8 +21,7 @@ from __future__ import annotations
 import calendar
 import math
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -234,6 +233,22 @@ class _RunState:
     driving: bool = False
 
 
+class _Driving:
+    """``SessionLimits.driving``: a run counts as active inside the ``with`` (a plain
+    object, not a generator: it lives as long as the run is driven)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: _RunState) -> None:
+        self.state = state
+
+    def __enter__(self) -> None:
+        self.state.driving = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.state.driving = False
+
+
 class SessionLimits:
     """The budgets of one session and its spend ledger, shared by all its runs."""
 
@@ -317,15 +332,9 @@ class SessionLimits:
                 total.add(state.own)
         return total
 
-    @contextmanager
-    def driving(self, run: LimitedRun) -> Iterator[None]:
-        """While a run is driven: it is registered and counts as active."""
-        state = self.attach(run)
-        state.driving = True
-        try:
-            yield
-        finally:
-            state.driving = False
+    def driving(self, run: LimitedRun) -> _Driving:
+        """While a run is driven (``with``): it is registered and counts as active."""
+        return _Driving(self.attach(run))
 
     def attach(self, run: LimitedRun) -> _RunState:
         """Register a run before it is driven: its parent, its agent's budget, its deadline."""
@@ -457,7 +466,7 @@ class SessionLimits:
 
     def _time_stop(self, run_id: str, agent: Agent) -> LimitStop | None:
         state = self._runs.get(run_id)
-        if state is None or anyio.current_time() < state.deadline:
+        if state is None or state.deadline == math.inf or anyio.current_time() < state.deadline:
             return None
         if state.deadline < state.own_deadline:
             return LimitStop("timeout", "the time limit of the agent that started it")

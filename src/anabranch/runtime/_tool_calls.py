@@ -145,7 +145,7 @@ class ToolCalls:
 
         limits = session_limits(self.env)
         deadline = limits.deadline(self.id)
-        cut = anyio.current_time() >= deadline  # past it, nothing more runs
+        cut = deadline != math.inf and anyio.current_time() >= deadline  # past it: none runs
         turn = _Turn(uses, gate, outcomes, started, marked, shield=deadline != math.inf)
         if todo and not cut:
             calls = self._run_calls(todo, turn)
