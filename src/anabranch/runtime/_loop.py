@@ -65,7 +65,7 @@ from anabranch.runtime._run_context import PipelineStep, RunContext
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import LimitStop, session_limits
 from anabranch.runtime._run_prompt import build_prompt, run_request, with_breakpoints
-from anabranch.runtime._session_view import trace_spend
+from anabranch.runtime._session_view import UsageTotals, trace_spend
 from anabranch.runtime._thinking_view import floor_after_load, request_messages
 from anabranch.runtime._tool_calls import INTERRUPTED_REPORT, ToolCalls
 from anabranch.store import CallRecord, RunRecord, Store
@@ -100,7 +100,7 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         self.turn_base = 0
         """Turns done before this exchange of a conversation (``max_turns`` counts from here)."""
         self.last_usage: Usage | None = None
-        self.own_usage: Usage | None = None  # a run started here: its calls' usage, summed
+        self.own_usage: UsageTotals | None = None  # a run started here: its calls' usage
         self.last_response_id: str | None = None
         """The latest committed response's id (what cache diagnostics compare against)."""
         self.appended_since_usage: list[Message] = []
@@ -184,7 +184,7 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
             messages=run.message_records(messages),
         )
         run.system, run.tools = system, tools
-        run.own_usage, run.undriven = Usage(), True  # no call or drive of it was elsewhere
+        run.own_usage, run.undriven = UsageTotals(), True  # no call or drive of it elsewhere
         run.next_seq = len(messages)
         run.context = list(messages)
         run.appended_since_usage = list(messages)

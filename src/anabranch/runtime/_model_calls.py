@@ -27,7 +27,6 @@ from anabranch.messages import (
     ModelResponse,
     ToolDefinition,
     ToolUseBlock,
-    Usage,
 )
 from anabranch.models._base import StreamingModel
 from anabranch.models._retry import retrying
@@ -36,6 +35,7 @@ from anabranch.runtime._environment import Environment
 from anabranch.runtime._history import message_json, usage_json
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import session_limits
+from anabranch.runtime._session_view import UsageTotals
 from anabranch.store import CallRecord, MessageRecord, RunRecord, ToolEventRecord
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class ModelCalls:
     snapshot_version: int
     next_seq: int
     last_response_id: str | None
-    own_usage: Usage | None
+    own_usage: UsageTotals | None
     """A run started here: its calls' usage, summed (see ``AgentRun``)."""
     served_model: str | None
     _fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None
@@ -220,7 +220,7 @@ class ModelCalls:
         )
         self.next_seq += 1
         if self.own_usage is not None:
-            self.own_usage += response.usage
+            self.own_usage.add(response.usage)
         self.last_response_id = response.id
         self.served_model = model
         self._fresh_tools = (

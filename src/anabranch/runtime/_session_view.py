@@ -12,7 +12,7 @@ from anabranch.messages import Usage
 from anabranch.store import RunRecord, Store
 from anabranch.traces import Tracing
 
-__all__ = ["ContextGauge", "context_gauge", "root_run", "run_spend", "trace_spend"]
+__all__ = ["ContextGauge", "UsageTotals", "context_gauge", "root_run", "run_spend", "trace_spend"]
 
 _PRICES = PriceTable()
 
@@ -53,8 +53,26 @@ async def context_gauge(store: Store, session_id: str, agent: Agent) -> ContextG
     )
 
 
+class UsageTotals:
+    """Usage of calls summed in place as they commit: no object per call outlives it (a
+    run's total lives as long as the run, across every model call's wait)."""
+
+    __slots__ = ("_sums",)
+
+    def __init__(self) -> None:
+        self._sums = dict.fromkeys(Usage.model_fields, 0)
+
+    def add(self, usage: Usage) -> None:
+        sums = self._sums
+        for key in sums:
+            sums[key] += getattr(usage, key)
+
+    def total(self) -> Usage:
+        return Usage(**self._sums)
+
+
 async def run_spend(
-    store: Store, session_id: str, agent: Agent, run_id: str, own: Usage | None = None
+    store: Store, session_id: str, agent: Agent, run_id: str, own: UsageTotals | None = None
 ) -> tuple[Usage, float | None]:
     """Tokens and estimated USD of one run's own successful calls (None: unpriced).
 
@@ -62,14 +80,20 @@ async def run_spend(
     started by this process); otherwise the store sums them."""
     if own is None:
         sums = await store.sum_call_usage(session_id, tuple(Usage.model_fields), run_id=run_id)
-        own = Usage(**sums)
-    usage = own
+        usage = Usage(**sums)
+    else:
+        usage = own.total()
     cost = _PRICES.cost(agent.model, usage)
     return usage, cost.total if cost is not None else None
 
 
 async def trace_spend(
-    tracing: Tracing, span: Span, store: Store, agent: Agent, run: RunRecord, own: Usage | None
+    tracing: Tracing,
+    span: Span,
+    store: Store,
+    agent: Agent,
+    run: RunRecord,
+    own: UsageTotals | None,
 ) -> None:
     """A run's own tokens and cost onto its ``invoke_agent`` span; nothing is summed for a
     span that records nothing. ``own``: see ``run_spend``."""
