@@ -21,6 +21,7 @@ import argparse
 import gc
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -49,8 +50,11 @@ def _response(step: int) -> ModelResponse:
 _MESSAGES = (Message(role="user", content=(TextBlock(text="task: work through the steps"),)),)
 
 
-def one_pair(tracing: Tracing, response: ModelResponse, step: int) -> None:
-    """The span calls the loop makes for one model call and its tool call."""
+def chat_span(
+    tracing: Tracing, response: ModelResponse, inside: Callable[[], None] | None = None
+) -> None:
+    """The chat span of one model call, as the loop makes it (``inside``: called last,
+    while the span is still open)."""
     with tracing.model_call(
         model=MODEL,
         session_id=SESSION,
@@ -69,6 +73,13 @@ def one_pair(tracing: Tracing, response: ModelResponse, step: int) -> None:
             usage=response.usage,
             output=response.to_message(),
         )
+        if inside is not None:
+            inside()
+
+
+def one_pair(tracing: Tracing, response: ModelResponse) -> None:
+    """The span calls the loop makes for one model call and its tool call."""
+    chat_span(tracing, response)
     use = response.content[0]
     assert isinstance(use, ToolUseBlock)
     with tracing.tool_call(
@@ -83,31 +94,19 @@ def one_pair(tracing: Tracing, response: ModelResponse, step: int) -> None:
 
 def _held_by_open_chat_span(tracing: Tracing, response: ModelResponse) -> int:
     """GC-tracked objects alive inside an open chat span (after its response is set)."""
+    counts: list[int] = []
+
+    def count() -> None:
+        counts.append(gc.get_count()[0])
+
     gc.collect()
     gc.disable()
     try:
-        before = gc.get_count()[0]
-        with tracing.model_call(
-            model=MODEL,
-            session_id=SESSION,
-            agent="worker",
-            attempt=1,
-            compacted=False,
-            messages=_MESSAGES,
-            system=(),
-        ) as span:
-            tracing.model_response(
-                span,
-                response_id=response.id,
-                response_model=response.model,
-                stop_reason=response.stop_reason,
-                usage=response.usage,
-                output=None,
-            )
-            held = gc.get_count()[0] - before
+        count()  # made before counting starts: the probe itself is not counted
+        chat_span(tracing, response, count)
     finally:
         gc.enable()
-    return held
+    return counts[1] - counts[0]
 
 
 def measure(processor: str, pairs: int, repeats: int) -> dict[str, Any]:
@@ -126,7 +125,7 @@ def measure(processor: str, pairs: int, repeats: int) -> dict[str, Any]:
         agent="worker", run_id="run-0", session_id=SESSION, model=MODEL, task="task"
     ):
         for response in responses:  # warm up
-            one_pair(tracing, response, 0)
+            one_pair(tracing, response)
         held = _held_by_open_chat_span(tracing, responses[0])
         for _ in range(repeats):
             gc.collect()
@@ -134,7 +133,7 @@ def measure(processor: str, pairs: int, repeats: int) -> dict[str, Any]:
             try:
                 cpu0 = time.process_time()
                 for i in range(pairs):
-                    one_pair(tracing, responses[i % 9], i)
+                    one_pair(tracing, responses[i % 9])
                 cpu = time.process_time() - cpu0
             finally:
                 gc.enable()
