@@ -13,8 +13,11 @@ import pytest
 from anabranch import Agent, Runtime, ToolContext, tool
 from anabranch.events import Event, ToolCallFinished
 from anabranch.messages import ModelRequest, TextBlock, ToolUseBlock
+from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._context_view import ContextView, Ingested
 from anabranch.runtime._history import load_messages
 from anabranch.runtime._loop import INTERRUPTED_REPORT
+from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.store import MessageRecord, SpillRecord, SQLiteStore, ToolEventRecord
 from anabranch.testing import FunctionModel
 
@@ -250,3 +253,35 @@ async def test_a_stop_before_the_last_commit_runs_only_the_last_call_again(tmp_p
     finished = [e["call_id"] for e in events if e["event"] == "finished"]
     assert finished == ["toolu_fast", "toolu_slow"]
     assert [t["seq"] for t in turns] == [0, 2]
+
+
+class _BrokenIngest(PassThroughPipeline):
+    """A pipeline whose ingest fails (a bug of its own), with or without an await."""
+
+    def ingest_now(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
+        raise RuntimeError("ingest bug")
+
+    async def ingest(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
+        raise RuntimeError("ingest bug")
+
+
+async def test_a_failing_ingest_still_commits_the_result_first(tmp_path: Path) -> None:
+    runs: list[str] = []
+
+    @tool
+    async def pay(ctx: ToolContext) -> str:
+        """Pay."""
+        runs.append(ctx.call_id)
+        return "paid"
+
+    agent = Agent(name="a", tools=[pay])
+    db = tmp_path / "db"
+    async with Runtime(db, model=_model("pay"), pipeline=_BrokenIngest()) as rt:
+        with anyio.fail_after(20):
+            failed = await rt.run(agent, "go")
+    assert failed.status == "failed" and "ingest bug" in (failed.error or "")
+    async with Runtime(db, model=_model("pay")) as rt:
+        with anyio.fail_after(20):
+            result = await rt.resume(failed.session_id, agent)
+    assert runs == ["toolu_pay"]  # committed before the ingest failed: not run again
+    assert result.output == "done: paid"

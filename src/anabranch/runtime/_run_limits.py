@@ -428,6 +428,11 @@ class SessionLimits:
         return self._subtree_spend(run_id) if run_id in self._runs else Spend()
 
     # ------------------------------------------------------------------ checks
+    @property
+    def reads_ledger(self) -> bool:
+        """Whether a budget check reads the tenant's spend from its ledger (an await)."""
+        return self.tenant_scope is not None and self.ledger is not None and self.tenant is not None
+
     async def scopes(self, run_id: str) -> list[BudgetScope]:
         """Every budget the run spends against, the tenant's refreshed from its ledger."""
         if self.tenant_scope is not None and self.ledger is not None and self.tenant is not None:
@@ -491,11 +496,10 @@ class SessionLimits:
             return TurnNotes(stop=stop, notice=run.agent.on_limit == "report")
         return self._notes(run, await self.scopes(run.id))
 
-    def next_turn_now(self, run: LimitedRun) -> TurnNotes | None:
-        """``next_turn`` without an await; ``None`` if it needs one (the tenant's spend
-        is read from its ledger)."""
-        if self.tenant_scope is not None and self.ledger is not None and self.tenant is not None:
-            return None
+    def next_turn_now(self, run: LimitedRun) -> TurnNotes:
+        """``next_turn`` without an await, for limits that read no ledger (``reads_ledger``)."""
+        if self.reads_ledger:
+            raise RuntimeError("the tenant's spend is read from its ledger: use next_turn")
         stop = self._turn_or_time_stop(run) or self._budget_stop(run, self._scopes_now(run.id))
         if stop is not None:
             return TurnNotes(stop=stop, notice=run.agent.on_limit == "report")

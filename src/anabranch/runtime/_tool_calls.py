@@ -10,15 +10,15 @@ call that returns last finds every other result committed and the results messag
 built without an await (the pipeline's ``ingest_now``, the limits' ``next_turn_now``), its
 ``finished`` event, the turn's spills and that message go in one transaction, submitted
 in the same step as its lone event would have been: so in the same batch, committed as
-soon (see docs/design-notes.md, "Round 5: writes").
+soon (docs/design-notes.md, "Store round trips per model call").
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -233,26 +233,16 @@ class ToolCalls:
         nothing waits for approval) and the user turn can be built without an await:
         nothing runs between the tool's return and this commit that did not before."""
         ingest_now: IngestNow | None = getattr(self.env.pipeline, "ingest_now", None)
-        outcomes, gate = turn.outcomes, turn.gate
-        if ingest_now is None or gate.waiting or gate.nested:
+        limits, gate = session_limits(self.env), turn.gate
+        if ingest_now is None or limits.reads_ledger or gate.waiting or gate.nested:
             return False
-        if any(other.id not in outcomes for other in turn.uses if other is not use):
+        for other in turn.uses:
+            if other.id not in turn.outcomes and other is not use:
+                return False
+        try:
+            message, notes, commit = self._turn_commit(use, outcome, turn, ingest_now)
+        except Exception:  # met again in the usual order, once the result is committed alone
             return False
-        notes = session_limits(self.env).next_turn_now(self)
-        if notes is None:
-            return False
-        outcomes = {**outcomes, use.id: outcome}
-        self.committed_results = self._committed(turn.uses, outcomes)
-        results, spills, now = [], [], time.time()
-        for each in turn.uses:
-            ingested = ingest_now(self.context_view(), each, outcomes[each.id])
-            for s in ingested.spills:
-                spills.append(SpillRecord(s.handle, self.id, s.call_id, s.content, now))
-            results.append(self._entering(each, outcomes[each.id], ingested.outcome))
-        message = Message(role="user", content=(*results, *notes.blocks))
-        records = self.message_records([message])
-        event = self._finished_event(use, outcome)
-        commit = self.env.store.record_tool_event(event, spills=spills, messages=records)
         if turn.shield:  # a time limit cutting the calls off must not hide that it committed
             with anyio.CancelScope(shield=True):
                 await commit
@@ -261,6 +251,26 @@ class ToolCalls:
         self.appended(message)
         turn.closed = notes
         return True
+
+    def _turn_commit(
+        self, use: ToolUseBlock, outcome: ToolOutcome, turn: _Turn, ingest_now: IngestNow
+    ) -> tuple[Message, TurnNotes, Coroutine[Any, Any, None]]:
+        """The user turn that closes ``turn`` once ``use`` is committed, its notes, and the
+        write of both (not awaited), built in the order the usual path builds them."""
+        outcomes = {**turn.outcomes, use.id: outcome}
+        self.committed_results = self._committed(turn.uses, outcomes)
+        results, spills, now = [], [], time.time()
+        for each in turn.uses:
+            ingested = ingest_now(self.context_view(), each, outcomes[each.id])
+            for s in ingested.spills:
+                spills.append(SpillRecord(s.handle, self.id, s.call_id, s.content, now))
+            results.append(self._entering(each, outcomes[each.id], ingested.outcome))
+        notes = session_limits(self.env).next_turn_now(self)
+        message = Message(role="user", content=(*results, *notes.blocks))
+        records = self.message_records([message])
+        event = self._finished_event(use, outcome)
+        commit = self.env.store.record_tool_event(event, spills=spills, messages=records)
+        return message, notes, commit
 
     def _started_events(self, uses: Sequence[ToolUseBlock]) -> list[ToolEventRecord]:
         """``started`` events for the calls that will run, committed with the response."""
