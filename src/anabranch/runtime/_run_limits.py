@@ -186,6 +186,8 @@ class TurnNotes:
 
     @property
     def blocks(self) -> tuple[TextBlock, ...]:
+        if not self.notes and self.stop is None:  # most turns: nothing to add
+            return ()
         texts = [*self.notes]
         if self.stop is not None and self.notice:
             texts.append(STOP_NOTICE.format(detail=self.stop.detail))

@@ -275,14 +275,18 @@ class ToolCalls:
     def _started_events(self, uses: Sequence[ToolUseBlock]) -> list[ToolEventRecord]:
         """``started`` events for the calls that will run, committed with the response."""
         now = time.time()
-        return [
-            ToolEventRecord(
-                run_id=self.id, call_id=use.id, name=use.name, event="started", created=now
-            )
-            for use in uses
-            if (self.agent.tool(use.name) is not None or self._builtin(use.name) is not None)
-            and not needs_approval(self.agent.tool(use.name), use)
-        ]
+        events = []
+        for use in uses:
+            tool = self.agent.tool(use.name)  # looked up once per call
+            if (tool is not None or self._builtin(use.name) is not None) and not needs_approval(
+                tool, use
+            ):
+                events.append(
+                    ToolEventRecord(
+                        run_id=self.id, call_id=use.id, name=use.name, event="started", created=now
+                    )
+                )
+        return events
 
     def _finished_event(self, use: ToolUseBlock, outcome: ToolOutcome) -> ToolEventRecord:
         return ToolEventRecord(
