@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from anabranch.errors import DatabaseError
+from anabranch.store.sqlite._rows import StoreConnection
 from anabranch.store.sqlite._schema import APP_ID, SCHEMA_VERSION, migrate
 
 __all__ = [
@@ -115,7 +116,11 @@ def open_connection(
         _check_read_only(path)
     try:
         conn = sqlite3.connect(
-            path, check_same_thread=False, isolation_level=None, timeout=lock_timeout
+            path,
+            check_same_thread=False,
+            isolation_level=None,
+            timeout=lock_timeout,
+            factory=StoreConnection,
         )
     except sqlite3.Error as exc:
         raise DatabaseError(f"cannot open {path}: {exc}") from exc

@@ -14,6 +14,7 @@ __all__ = [
     "CALL_SQL",
     "RUN_SQL",
     "SESSION_SQL",
+    "StoreConnection",
     "call_record",
     "call_values",
     "fetch_rows",
@@ -74,13 +75,34 @@ def call_record(row: dict[str, Any]) -> CallRecord:
     return CallRecord(**{**row, "fingerprint": hex_text(row["fingerprint"])})
 
 
+class StoreConnection(sqlite3.Connection):
+    """The store's read-write connection: its inserts run through one kept cursor.
+
+    CPython's sqlite3 keeps a weak reference to every cursor a connection makes and
+    prunes that list only every 200 cursors, so a cursor per insert (``conn.execute``)
+    left each one's weak reference alive for the next ~200 statements: across a model
+    call's wait, long enough for the cyclic GC to promote it (about 20 per model call in
+    the 1,000-run bench), and every full collection then walks them. An insert reads
+    nothing back but its rowid, at once, and the store's writes run one at a time (its
+    group commit), so one cursor serves them all.
+    """
+
+    _insert_cursor: sqlite3.Cursor | None = None
+
+    def insert_cursor(self) -> sqlite3.Cursor:
+        if self._insert_cursor is None:
+            self._insert_cursor = self.cursor()
+        return self._insert_cursor
+
+
 def insert(conn: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
     """Insert one row; its rowid. Image and document payloads go to ``blobs`` (once)."""
     if table in BLOB_COLUMNS:
         values = dehydrate(conn, table, values)
     columns = ", ".join(values)
     marks = ", ".join("?" for _ in values)
-    cursor = conn.execute(
+    runner = conn.insert_cursor() if isinstance(conn, StoreConnection) else conn
+    cursor = runner.execute(
         f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(values.values())
     )
     return int(cursor.lastrowid or 0)
