@@ -3,8 +3,8 @@
 CPython's sqlite3 keeps a weak reference to every cursor a connection makes and prunes
 them only every 200 cursors: a cursor per insert kept ~6 weak references per model call
 alive across the model's wait (6.4 inserts per call in the 1,000-run bench), where the GC
-promotes them. What a user relies on: the
-store's connection leaves nothing per insert, and each insert still returns its own rowid.
+promotes them. What a user relies on: the store's connection leaves nothing per insert,
+and each insert still returns its own rowid.
 """
 
 from __future__ import annotations
