@@ -487,28 +487,27 @@ class SessionLimits:
     async def check(self, run: LimitedRun) -> LimitStop | None:
         """The first limit the run has reached before its next call, if any."""
         stop = self._turn_or_time_stop(run)
-        if stop is not None:
-            return stop
-        return self._budget_stop(run, await self.scopes(run.id))
+        return stop or self._budget_stop(run, await self.scopes(run.id))
 
     async def next_turn(self, run: LimitedRun) -> TurnNotes:
         """What the user turn that follows a tool turn must carry."""
-        stop = await self.check(run)
-        if stop is not None:
-            return TurnNotes(stop=stop, notice=run.agent.on_limit == "report")
-        return self._notes(run, await self.scopes(run.id))
+        stop = self._turn_or_time_stop(run)
+        return self._notes(run, stop, [] if stop else await self.scopes(run.id))
 
     def next_turn_now(self, run: LimitedRun) -> TurnNotes:
         """``next_turn`` without an await, for limits that read no ledger (``reads_ledger``)."""
         if self.reads_ledger:
             raise RuntimeError("the tenant's spend is read from its ledger: use next_turn")
-        stop = self._turn_or_time_stop(run) or self._budget_stop(run, self._scopes_now(run.id))
+        stop = self._turn_or_time_stop(run)
+        return self._notes(run, stop, [] if stop else self._scopes_now(run.id))
+
+    def _notes(
+        self, run: LimitedRun, stop: LimitStop | None, scopes: list[BudgetScope]
+    ) -> TurnNotes:
+        """The stop (``stop``, else a budget's) or the soft-limit notes (each warns once)."""
+        stop = stop or self._budget_stop(run, scopes)
         if stop is not None:
             return TurnNotes(stop=stop, notice=run.agent.on_limit == "report")
-        return self._notes(run, self._scopes_now(run.id))
-
-    def _notes(self, run: LimitedRun, scopes: list[BudgetScope]) -> TurnNotes:
-        """The soft-limit notes for the user turn (each budget warns once)."""
         notes = []
         state = self._state(run.id)
         for scope in scopes:
