@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import re
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, overload
 
 import pydantic
@@ -91,14 +94,97 @@ class Tool:
     pin: bool = False
     """Pin every successful result: re-attached after each compaction (never cleared)."""
 
-    @property
+    @cached_property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.function)
 
     def validate_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Validated keyword arguments; raises ``pydantic.ValidationError``."""
-        parsed = self.args_model.model_validate(arguments)
-        return {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        """Validated keyword arguments; raises ``pydantic.ValidationError``.
+
+        Arguments that are already exactly what a plain schema asks for (each a ``str``,
+        ``int``, ``float`` or ``bool``, possibly ``None``, with no constraints) are taken as
+        they are: pydantic would return them unchanged. Anything else, a bad argument
+        included, goes through ``args_model``, so the errors are pydantic's.
+        """
+        plain = self._plain_fields
+        if plain is not None and type(arguments) is dict and len(arguments) <= len(plain):
+            kwargs = _take_plain(plain, arguments)
+            if kwargs is not None:
+                return kwargs
+        parsed = self.args_model.__pydantic_validator__.validate_python(arguments)
+        return dict(parsed.__dict__)  # the fields, in order (extras and privates live apart)
+
+    @cached_property
+    def _plain_fields(self) -> tuple[_PlainField, ...] | None:
+        """The fields, when every one is a plain scalar that validation returns unchanged."""
+        return _plain_fields(self.args_model)
+
+
+_PlainField = tuple[str, tuple[type, ...], Any]
+"""A field's name, the exact types taken unchanged, and its default (``_REQUIRED``: none)."""
+_REQUIRED: Any = object()
+_SCALARS = (str, int, float, bool)
+_PLAIN_CONFIG = {"extra", "arbitrary_types_allowed"}
+"""Config keys that change nothing for a plain scalar (``_build_tool`` sets both)."""
+
+
+def _plain_fields(model: type[BaseModel]) -> tuple[_PlainField, ...] | None:
+    """``model``'s fields as ``_PlainField``s, or None if validating it may change a value
+    of the exact type (a constraint, a validator, an alias, a default factory, a config)."""
+    config = model.model_config
+    if config.get("extra") != "forbid" or set(config) - _PLAIN_CONFIG:
+        return None
+    decorators = model.__pydantic_decorators__  # validators, serializers, computed fields
+    if model.__pydantic_post_init__ or any(
+        getattr(decorators, kind.name) for kind in dataclasses.fields(decorators)
+    ):
+        return None
+    fields: list[_PlainField] = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        options = typing.get_args(annotation)
+        if annotation in _SCALARS:
+            exact: tuple[type, ...] = (typing.cast(type, annotation),)
+        elif (
+            typing.get_origin(annotation) in (typing.Union, types.UnionType)
+            and len(options) == 2
+            and type(None) in options
+            and any(option in _SCALARS for option in options)
+        ):
+            exact = options  # ``str | None`` and the like
+        else:
+            return None
+        if info.metadata or info.alias or info.validation_alias or info.default_factory:
+            return None
+        if info.is_required():
+            default = _REQUIRED
+        elif info.default is None or type(info.default) in _SCALARS:
+            default = info.default
+        else:
+            return None
+        fields.append((name, exact, default))
+    return tuple(fields)
+
+
+def _take_plain(
+    fields: tuple[_PlainField, ...], arguments: dict[str, Any]
+) -> dict[str, Any] | None:
+    """``arguments`` as keyword arguments if each is of its field's exact type and none is
+    unknown or missing; None otherwise (validation decides)."""
+    kwargs: dict[str, Any] = {}
+    given = 0
+    for name, exact, default in fields:
+        value = arguments.get(name, _REQUIRED)
+        if value is _REQUIRED:
+            if default is _REQUIRED:
+                return None
+            kwargs[name] = default
+        elif type(value) in exact:
+            kwargs[name] = value
+            given += 1
+        else:
+            return None
+    return kwargs if given == len(arguments) else None
 
 
 def _docstring_parts(doc: str) -> tuple[str, dict[str, str]]:

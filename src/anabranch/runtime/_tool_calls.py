@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from anabranch.agents import Agent
+from anabranch.agents import Agent, Tool
 from anabranch.agents._tools import Pin
 from anabranch.errors import ApprovalPendingError
 from anabranch.messages import Message, ToolDefinition, ToolResultBlock, ToolUseBlock
@@ -89,6 +89,8 @@ class ToolCalls:
     """Tool calls of the response just committed here, and those marked started with it."""
     committed_results: dict[str, ToolResultBlock]
     """The results of the latest calls as their finished events hold them."""
+    _scope_type: type[anyio.CancelScope] | None = None
+    """The event loop's cancel scope class (found at the run's first tool call)."""
     fresh_calls: frozenset[str] = frozenset()
     """The current turn's calls whose ``started`` events were committed here with the
     response that asked for them: none of them ran before (nothing they start exists)."""
@@ -140,15 +142,16 @@ class ToolCalls:
         self.fresh_calls = marked
         todo = [use for use in uses if use.id not in finished]
         gate = await gate_calls(self.as_view(), todo, events)
-        outcomes.update(gate.denied)
-        todo = [use for use in todo if not gate.held(use)]
+        if gate.denied or gate.waiting:
+            outcomes.update(gate.denied)
+            todo = [use for use in todo if not gate.held(use)]
 
         limits = session_limits(self.env)
         deadline = limits.deadline(self.id)
         cut = deadline != math.inf and anyio.current_time() >= deadline  # past it: none runs
         turn = _Turn(uses, gate, outcomes, started, marked, shield=deadline != math.inf)
         if todo and not cut:
-            calls = self._run_calls(todo, turn)
+            calls = self._run_one(todo[0], turn) if len(todo) == 1 else self._run_calls(todo, turn)
             if deadline == math.inf:  # no time limit: no cancel scope to build per turn
                 await calls
             else:
@@ -204,53 +207,58 @@ class ToolCalls:
         )
 
     async def _run_calls(self, todo: list[ToolUseBlock], turn: _Turn) -> None:
-        """Run ``todo`` (in parallel if several), each outcome into ``turn.outcomes``."""
-        if len(todo) == 1:
-            await self._run_one(todo[0], turn)
-            return
+        """Run several calls in parallel, each outcome into ``turn.outcomes``."""
         async with anyio.create_task_group() as group:
             for use in todo:
                 group.start_soon(self._run_one, use, turn)
 
     async def _run_one(self, use: ToolUseBlock, turn: _Turn) -> None:
         """Run one call and commit its ``finished`` event (its pins first: a crash between
-        them runs it again), with the user turn if it can close the turn."""
+        them runs it again), with the user turn if it can close the turn (``_closing``)."""
         try:
             self.events.tool_started(use)
+            tool = self.agent.tool(use.name)
             interrupted, marked = use.id in turn.started, use.id in turn.marked
-            outcome = await self._run_tool(use, interrupted=interrupted, marked=marked)
-            await self._commit_pins(use, outcome)
-            if not await self._close_turn(use, outcome, turn):
+            outcome = await self._run_tool(use, tool, interrupted=interrupted, marked=marked)
+            pins = self._pins(use, tool, outcome)
+            if pins:
+                await self._commit_pins(use, pins)
+            closing = self._closing(use, outcome, turn)
+            if closing is None:
                 await self.env.store.record_tool_event(self._finished_event(use, outcome))
+            else:
+                message, notes, commit = closing
+                if turn.shield:  # a time limit cutting the calls off must not hide the commit
+                    with anyio.CancelScope(shield=True):
+                        await commit
+                else:
+                    await commit
+                self.appended(message)
+                turn.closed = notes
             turn.outcomes[use.id] = outcome
             self.events.tool_finished(use, outcome)
         except ApprovalPendingError as pending:  # a sub-agent waits: this run pauses too
             turn.gate.keep(pending)  # and sibling calls finish
 
-    async def _close_turn(self, use: ToolUseBlock, outcome: ToolOutcome, turn: _Turn) -> bool:
-        """Commit ``use``'s ``finished`` event, the turn's spills and its user turn in one
-        transaction, if ``use`` is the turn's last result (every other one committed,
-        nothing waits for approval) and the user turn can be built without an await:
-        nothing runs between the tool's return and this commit that did not before."""
+    def _closing(
+        self, use: ToolUseBlock, outcome: ToolOutcome, turn: _Turn
+    ) -> tuple[Message, TurnNotes, Coroutine[Any, Any, None]] | None:
+        """The write of ``use``'s ``finished`` event, the turn's spills and its user turn in
+        one transaction (with that turn and its notes), if ``use`` is the turn's last
+        result (every other one committed, nothing waits for approval) and the user turn
+        can be built without an await: nothing runs between the tool's return and this
+        commit that did not before. None: the event is committed alone."""
         ingest_now: IngestNow | None = getattr(self.env.pipeline, "ingest_now", None)
         limits, gate = session_limits(self.env), turn.gate
         if ingest_now is None or limits.reads_ledger or gate.waiting or gate.nested:
-            return False
+            return None
         for other in turn.uses:
             if other.id not in turn.outcomes and other is not use:
-                return False
+                return None
         try:
-            message, notes, commit = self._turn_commit(use, outcome, turn, ingest_now)
+            return self._turn_commit(use, outcome, turn, ingest_now)
         except Exception:  # met again in the usual order, once the result is committed alone
-            return False
-        if turn.shield:  # a time limit cutting the calls off must not hide that it committed
-            with anyio.CancelScope(shield=True):
-                await commit
-        else:
-            await commit
-        self.appended(message)
-        turn.closed = notes
-        return True
+            return None
 
     def _turn_commit(
         self, use: ToolUseBlock, outcome: ToolOutcome, turn: _Turn, ingest_now: IngestNow
@@ -300,13 +308,19 @@ class ToolCalls:
             attachments=attachments_json(outcome.attachments),
         )
 
-    async def _commit_pins(self, use: ToolUseBlock, outcome: ToolOutcome) -> None:
-        """Commit what the call pinned (and, for a ``pin=True`` tool, its result): each
-        text as a spill (its recall handle), then a ``pin`` row naming it."""
-        tool = self.agent.tool(use.name)
+    @staticmethod
+    def _pins(
+        use: ToolUseBlock, tool: Tool | None, outcome: ToolOutcome
+    ) -> list[tuple[Pin, str]]:
+        """What the call pinned, and for a ``pin=True`` tool its result, with their sources."""
         pins = [(pin, "pin") for pin in outcome.pins]
         if tool is not None and tool.pin and not outcome.is_error and outcome.content.strip():
             pins.append((Pin(text=outcome.content, label=f"{use.name} result"), "result"))
+        return pins
+
+    async def _commit_pins(self, use: ToolUseBlock, pins: list[tuple[Pin, str]]) -> None:
+        """Commit the call's ``pins``: each text as a spill (its recall handle), then a
+        ``pin`` row naming it."""
         for index, (pin, source) in enumerate(pins):
             handle = pin_handle(self.id, use.id, index)
             await self.env.store.save_spill(handle, self.id, use.id, pin.text)
@@ -319,10 +333,10 @@ class ToolCalls:
         )
 
     async def _run_tool(
-        self, use: ToolUseBlock, *, interrupted: bool, marked: bool = False
+        self, use: ToolUseBlock, tool: Tool | None, *, interrupted: bool, marked: bool = False
     ) -> ToolOutcome:
-        """Run one call (``marked``: its ``started`` event is already committed)."""
-        tool = self.agent.tool(use.name)
+        """Run one call of ``tool`` (the agent's tool of that name; None: a built-in's or
+        an unknown one; ``marked``: its ``started`` event is already committed)."""
         builtin = None if tool else self._builtin(use.name)
         store = self.env.store
         if tool is None and builtin is None:
@@ -352,6 +366,9 @@ class ToolCalls:
                 arguments=use.input,
             ) as span:
                 if tool is not None:
+                    scope_type = self._scope_type
+                    if scope_type is None:  # anyio finds the event loop's on every call
+                        scope_type = self._scope_type = type(anyio.CancelScope())
                     outcome = await run_user_tool(
                         tool,
                         use,
@@ -359,6 +376,7 @@ class ToolCalls:
                         run_id=self.id,
                         agent_name=self.agent.name,
                         default_timeout=self.agent.tool_timeout,
+                        cancel_scope=scope_type,
                     )
                 else:
                     assert builtin is not None

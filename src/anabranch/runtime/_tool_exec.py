@@ -18,7 +18,8 @@ import dataclasses
 import functools
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Coroutine, Generator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -54,6 +55,8 @@ def render_outcome(value: Any) -> ToolOutcome:
     """A tool's return value as what the model sees: an ``Image`` or ``Document``, or a list
     of strings, images and documents (text first, then the attachments, in order), or any
     other value as text."""
+    if type(value) is str:  # the usual answer
+        return ToolOutcome(value)
     if isinstance(value, Image | Document):
         return ToolOutcome("", attachments=(value,))
     if isinstance(value, list | tuple) and any(isinstance(v, Image | Document) for v in value):
@@ -79,8 +82,13 @@ async def run_user_tool(
     run_id: str,
     agent_name: str,
     default_timeout: float | None,
+    cancel_scope: Callable[[], anyio.CancelScope] = anyio.CancelScope,
 ) -> ToolOutcome:
-    """Run one tool call. Invalid arguments, exceptions and timeouts become error outcomes."""
+    """Run one tool call. Invalid arguments, exceptions and timeouts become error outcomes.
+
+    ``cancel_scope`` makes the scope a timeout needs: the event loop's ``CancelScope``
+    class spares anyio's lookup of the loop per call.
+    """
     try:
         kwargs = tool.validate_arguments(call.input)
     except pydantic.ValidationError as exc:
@@ -98,11 +106,16 @@ async def run_user_tool(
         )
     timeout = tool.timeout if tool.timeout is not None else default_timeout
     try:
-        with _NO_LIMIT if timeout is None else anyio.fail_after(timeout):
-            if tool.is_async:
-                value = await tool.function(**kwargs)
-            else:
+        if not tool.is_async:
+            with _NO_LIMIT if timeout is None else anyio.fail_after(timeout):
                 value = await run_in_daemon_thread(functools.partial(tool.function, **kwargs))
+        elif timeout is None:
+            value = await tool.function(**kwargs)
+        else:
+            with cancel_scope() as scope:  # its deadline is set once the tool waits
+                value = await _Deadline(tool.function(**kwargs), scope, timeout)
+            if scope.cancelled_caught:  # only the deadline cancels this scope
+                raise TimeoutError
     except TimeoutError:
         return ToolOutcome(f"Tool {tool.name!r} timed out after {timeout} seconds.", is_error=True)
     except anyio.get_cancelled_exc_class() as exc:
@@ -120,6 +133,51 @@ async def run_user_tool(
     if context is not None and context.pins:  # pins count once the call succeeded
         outcome = dataclasses.replace(outcome, pins=tuple(context.pins))
     return outcome
+
+
+class _Deadline:
+    """Awaits a tool's coroutine; the first time it waits, sets ``scope``'s deadline to
+    ``timeout`` seconds after the call started.
+
+    A tool that returns without waiting never arms a timer (nor reads the event loop's
+    clock). The scope is entered before the tool starts, so every cancel scope the tool
+    opens nests inside it; only its deadline comes late. What the tool's coroutine yields
+    is handed to the event loop as is, and what the loop sends or throws back goes to the
+    coroutine, as ``await`` does.
+    """
+
+    __slots__ = ("coroutine", "scope", "timeout")
+
+    def __init__(
+        self, coroutine: Coroutine[Any, Any, Any], scope: anyio.CancelScope, timeout: float
+    ) -> None:
+        self.coroutine, self.scope, self.timeout = coroutine, scope, timeout
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coroutine = self.coroutine
+        started = time.monotonic()
+        try:
+            step = coroutine.send(None)
+        except StopIteration as done:  # returned without waiting
+            return done.value
+        # it waits: the deadline counts from its start (its first step may have been slow)
+        self.scope.deadline = anyio.current_time() + self.timeout - (time.monotonic() - started)
+        while True:
+            try:
+                sent = yield step
+            except GeneratorExit:
+                coroutine.close()
+                raise
+            except BaseException as exc:  # a cancellation, or whatever the loop throws in
+                try:
+                    step = coroutine.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    step = coroutine.send(sent)
+                except StopIteration as done:
+                    return done.value
 
 
 def _failure(tool: Tool, exc: BaseException, note: str = "") -> ToolOutcome:
