@@ -357,7 +357,8 @@ async def test_one_trace_per_graph_with_tasks_under_the_graph_span(tmp_path: Pat
         result = await rt.run_graph(graph)
     spans = exporter.get_finished_spans()
     (root,) = [s for s in spans if s.name == "invoke_workflow traced"]
-    assert root.attributes is not None and root.attributes["session.id"] == result.session_id
+    assert root.attributes is not None
+    assert root.attributes["gen_ai.conversation.id"] == result.session_id
     tasks = [s for s in spans if s.name.startswith("invoke_agent ")]
     assert len(tasks) == 4
     assert root.context is not None

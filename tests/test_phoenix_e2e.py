@@ -208,6 +208,31 @@ def test_phoenix_has_every_span_with_its_parent_kind_and_attributes(
         s["attributes"]["gen_ai.usage.input_tokens"] == s["attributes"]["llm.token_count.prompt"]
         for s in llm
     )
+    # the OpenInference keys Phoenix shows are derived by Phoenix from the GenAI names:
+    # anabranch sends them only with openinference="full"
+    for span in session.stored.values():
+        sent = _sent_attributes(session.exported[span["context"]["span_id"]])
+        stored = span["attributes"]
+        assert "session.id" not in sent
+        assert stored["session.id"] == sent["gen_ai.conversation.id"]
+        if span["span_kind"] == "LLM":
+            assert not [k for k in sent if k.startswith("llm.") and "reasoning" not in k]
+            assert stored["llm.model_name"] == sent["gen_ai.request.model"]
+            assert stored["llm.provider"] == stored["llm.system"] == "anthropic"
+            assert stored["llm.token_count.completion"] == sent["gen_ai.usage.output_tokens"]
+            assert stored["llm.token_count.total"] == (
+                sent["gen_ai.usage.input_tokens"] + sent["gen_ai.usage.output_tokens"]
+            )
+            read, write = "cache_read", "cache_write"
+            prompt_details = "llm.token_count.prompt_details."
+            assert stored[prompt_details + read] == sent[f"gen_ai.usage.{read}.input_tokens"]
+            assert stored[prompt_details + write] == sent[f"gen_ai.usage.{write}.input_tokens"]
+        if span["span_kind"] == "TOOL":
+            assert "tool.name" not in sent and "tool.id" not in sent
+            assert stored["tool.name"] == sent["gen_ai.tool.name"]
+            assert stored["tool.id"] == sent["gen_ai.tool.call.id"]
+        if span["span_kind"] in ("LLM", "TOOL", "AGENT"):
+            assert "openinference.span.kind" not in sent  # kind from gen_ai.operation.name
     # the session shows up as a Phoenix session, with this trace in it
     stored_session = _get(phoenix_server, f"/v1/sessions/{session.session_id}")["data"]
     assert [t["trace_id"] for t in stored_session["traces"]] == [session.trace_id]

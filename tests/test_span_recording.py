@@ -1,5 +1,6 @@
 """What a model call's and a tool call's spans carry, and what is built for a span that
-records nothing: the same attributes, in the same order, whatever the sampler does; no
+records nothing: the same attributes, in the same order, whatever the sampler does (by
+default without the OpenInference keys Phoenix derives; all of them when asked); no
 attribute work (captured message content included) for a span the sampler drops or a no-op
 tracer starts; the sampling decision still current for whatever runs inside. A run's own
 spend on its ``invoke_agent`` span: summed as its calls commit, from the store only for a
@@ -22,7 +23,7 @@ from opentelemetry.trace import Link, NoOpTracerProvider, SpanKind, StatusCode, 
 from opentelemetry.util.types import Attributes
 
 from anabranch import Agent, ModelRequest, RetryPolicy, Runtime, tool
-from anabranch.errors import ModelConnectionError, ModelError
+from anabranch.errors import ModelConnectionError, ModelError, UserError
 from anabranch.messages import (
     Message,
     ModelResponse,
@@ -102,6 +103,24 @@ CHAT_CONTENT += ["gen_ai.system_instructions"]
 RESPONSE_CONTENT = ["gen_ai.output.messages", "output.value", "output.mime_type"]
 TOOL_CONTENT = ["gen_ai.tool.call.arguments", "input.value", "input.mime_type"]
 TOOL_RESULT_CONTENT = ["gen_ai.tool.call.result", "output.value", "output.mime_type"]
+DERIVED = {  # what Phoenix derives from the GenAI names (tests/test_phoenix_e2e.py checks)
+    "openinference.span.kind",
+    "session.id",
+    "llm.model_name",
+    "llm.provider",
+    "llm.system",
+    "llm.token_count.prompt",
+    "llm.token_count.completion",
+    "llm.token_count.total",
+    "llm.token_count.prompt_details.cache_read",
+    "llm.token_count.prompt_details.cache_write",
+    "tool.name",
+    "tool.id",
+}
+
+
+def _minimal(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    return [(k, v) for k, v in pairs if k not in DERIVED]
 
 
 class _Forgetful(Sampler):
@@ -136,7 +155,10 @@ def encodings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         return wrapper
 
     for name in ("compact_json", "message_json", "message_parts", "semconv_messages"):
-        monkeypatch.setattr(_spans, name, counted(name, getattr(_payloads, name)))
+        wrapped = counted(name, getattr(_payloads, name))
+        for module in (_spans, _payloads):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, wrapped)
     yield calls
 
 
@@ -202,9 +224,41 @@ def test_chat_and_tool_spans_carry_their_attributes_in_order(sampler: Sampler | 
     provider, exporter = _provider(sampler)
     _one_call(Tracing(provider, capture_content=False))
     chat, tool = exporter.get_finished_spans()
-    assert list(attributes(chat).items()) == CHAT + RESPONSE
-    assert list(attributes(tool).items()) == TOOL
+    assert list(attributes(chat).items()) == _minimal(CHAT + RESPONSE)
+    assert list(attributes(tool).items()) == _minimal(TOOL)
     assert tool.status.status_code is StatusCode.ERROR
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_full_openinference_adds_every_derived_key_in_place(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider, exporter = _provider()
+    if how == "argument":
+        monkeypatch.setenv("ANABRANCH_OPENINFERENCE", "minimal")  # the argument wins
+        tracing = Tracing(provider, capture_content=False, openinference="full")
+    else:
+        monkeypatch.setenv("ANABRANCH_OPENINFERENCE", " Full ")
+        tracing = Tracing(provider, capture_content=False)
+    _one_call(tracing)
+    chat, tool = exporter.get_finished_spans()
+    assert list(attributes(chat).items()) == CHAT + RESPONSE  # round 5's set, in its order
+    assert list(attributes(tool).items()) == TOOL
+
+
+@pytest.mark.parametrize("value", ["all", "true", "phoenix"])
+def test_an_unknown_openinference_choice_is_a_one_line_error(
+    value: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    refused = f"openinference must be one of minimal, full, not '{value}'"
+    with pytest.raises(UserError, match=refused):
+        Runtime(tmp_path / "s.db", openinference=value)  # type: ignore[arg-type]
+    monkeypatch.setenv("ANABRANCH_OPENINFERENCE", value)
+    with pytest.raises(UserError, match="ANABRANCH_OPENINFERENCE must be one of minimal, full"):
+        Runtime(tmp_path / "s.db")
+    assert not (tmp_path / "s.db").exists()  # refused before anything was opened
+    monkeypatch.setenv("ANABRANCH_OPENINFERENCE", "")
+    assert not Tracing(NoOpTracerProvider()).openinference_full
 
 
 def test_captured_content_is_set_with_the_attributes_of_a_recording_span(
@@ -214,8 +268,8 @@ def test_captured_content_is_set_with_the_attributes_of_a_recording_span(
     _one_call(Tracing(provider, capture_content=True))
     chat, tool = exporter.get_finished_spans()
     chat_keys = [k for k, _ in CHAT] + CHAT_CONTENT + [k for k, _ in RESPONSE] + RESPONSE_CONTENT
-    assert list(attributes(chat)) == chat_keys
-    assert list(attributes(tool)) == [k for k, _ in TOOL[:-2]] + TOOL_CONTENT + [
+    assert list(attributes(chat)) == [k for k in chat_keys if k not in DERIVED]
+    assert list(attributes(tool)) == [k for k, _ in _minimal(TOOL[:-2])] + TOOL_CONTENT + [
         "anabranch.tool.is_error",
         "error.type",
         *TOOL_RESULT_CONTENT,

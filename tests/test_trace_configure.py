@@ -163,7 +163,7 @@ def test_trace_file_holds_one_otlp_json_span_per_line(
         assert span.get("parentSpanId", root["spanId"]) in ids
         assert int(span["endTimeUnixNano"]) >= int(span["startTimeUnixNano"]) > 0
         assert span["kind"] in (1, 3)  # INTERNAL, CLIENT
-        assert _attrs(span)["session.id"] == {"stringValue": session_id}
+        assert _attrs(span)["gen_ai.conversation.id"] == {"stringValue": session_id}
         assert span["resource"]["openinference.project.name"] == "anabranch"
     chats = [s for s in spans if s["name"].startswith("chat ")]
     assert chats and all(s["kind"] == 3 for s in chats)

@@ -69,11 +69,7 @@ from anabranch.runtime._loader import DIGEST_KEY, source_digest
 from anabranch.runtime._loop import AgentRun, new_id
 from anabranch.runtime._memory import memory_session_start
 from anabranch.runtime._pipeline import ContextPipeline
-from anabranch.runtime._results import (
-    GraphResult,
-    RunResult,
-    session_usage,
-)
+from anabranch.runtime._results import GraphResult, RunResult, session_usage
 from anabranch.runtime._rewind import rewind_run
 from anabranch.runtime._run_limits import SessionLimits, continue_notice
 from anabranch.runtime._session import SessionDriver
@@ -88,7 +84,7 @@ from anabranch.store import (
     open_store,
 )
 from anabranch.store.sqlite import Synchronous
-from anabranch.traces import Tracing
+from anabranch.traces import OpenInference, Tracing
 
 if TYPE_CHECKING:  # the anthropic SDK is imported when the default model is first needed
     from anabranch.models._anthropic import AnthropicModel
@@ -113,6 +109,8 @@ class Runtime:
         tracer_provider: OpenTelemetry provider; default the global one (no-op without SDK).
         capture_content: put message content in spans (default: off, or the
             ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` variable).
+        openinference: ``"full"`` adds the OpenInference keys Phoenix derives from the
+            GenAI ones (default ``"minimal"``, or ``$ANABRANCH_OPENINFERENCE``).
         synchronous: SQLite ``synchronous`` level for commits.
         agents: definitions this runtime can resume by name without being given them.
         graphs: graphs this runtime can resume by name.
@@ -134,6 +132,7 @@ class Runtime:
         retry: RetryPolicy | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         capture_content: bool | None = None,
+        openinference: OpenInference | None = None,
         synchronous: Synchronous = "FULL",
         agents: Sequence[Agent] = (),
         pipeline: ContextPipeline | None = None,
@@ -153,7 +152,9 @@ class Runtime:
         """The database as it may be shown: a file path, or a DSN without its password."""
         self._model = model
         self.retry = retry or RetryPolicy()
-        self.tracing = Tracing(tracer_provider, capture_content=capture_content)
+        self.tracing = Tracing(
+            tracer_provider, capture_content=capture_content, openinference=openinference
+        )
         self.synchronous: Synchronous = synchronous
         self.pipeline = pipeline or default_pipeline()
         self.builtins = tuple(builtins) if builtins is not None else default_builtins()

@@ -4,7 +4,8 @@
 exporters for applications and the CLI; the library itself needs only the API.
 """
 
+from anabranch.traces._settings import OpenInference as OpenInference
 from anabranch.traces._spans import SpanRef as SpanRef
 from anabranch.traces._spans import Tracing as Tracing
 
-__all__ = ["SpanRef", "Tracing"]
+__all__ = ["OpenInference", "SpanRef", "Tracing"]

@@ -1,5 +1,5 @@
 """How messages and usage become span attributes: OpenTelemetry GenAI message parts, the
-OpenInference token counts (content only where the caller decided to capture it)."""
+usage counts (content only where the caller decided to capture it)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from anabranch.messages import (
     Image,
     Message,
     RedactedThinkingBlock,
+    SystemBlock,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
@@ -19,7 +20,15 @@ from anabranch.messages import (
     Usage,
 )
 
-__all__ = ["compact_json", "message_json", "message_parts", "semconv_messages", "usage_attributes"]
+__all__ = [
+    "arguments_content",
+    "compact_json",
+    "message_json",
+    "message_parts",
+    "request_content",
+    "semconv_messages",
+    "usage_attributes",
+]
 
 
 def compact_json(value: Any) -> str:
@@ -88,12 +97,15 @@ def semconv_messages(messages: Sequence[Message]) -> str:
     return compact_json([{"role": m.role, "parts": message_parts(m)} for m in messages])
 
 
-def usage_attributes(usage: Usage, into: dict[str, Any] | None = None) -> dict[str, Any]:
-    """GenAI usage (input = uncached + cache read + cache write) and the OpenInference counts,
-    added to ``into`` (a new dict by default) and returned.
+def usage_attributes(
+    usage: Usage, into: dict[str, Any] | None = None, *, full: bool
+) -> dict[str, Any]:
+    """GenAI usage (input = uncached + cache read + cache write), added to ``into`` (a new
+    dict by default) and returned, with the OpenInference reasoning count.
 
     The cache-write count goes under its current name (``cache_write``) and its former one
-    (``cache_creation``), which Phoenix still reads.
+    (``cache_creation``), which Phoenix reads. ``full``: the OpenInference token counts
+    Phoenix derives from these (``llm.token_count.*``) too.
     """
     attributes = {} if into is None else into
     total_input = usage.total_input_tokens
@@ -106,11 +118,38 @@ def usage_attributes(usage: Usage, into: dict[str, Any] | None = None) -> dict[s
     attributes["gen_ai.usage.cache_read.input_tokens"] = read
     attributes["gen_ai.usage.cache_write.input_tokens"] = write
     attributes["gen_ai.usage.cache_creation.input_tokens"] = write
-    attributes["llm.token_count.prompt"] = total_input
-    attributes["llm.token_count.completion"] = output
-    attributes["llm.token_count.total"] = total_input + output
-    attributes["llm.token_count.prompt_details.cache_read"] = read
-    attributes["llm.token_count.prompt_details.cache_write"] = write
+    if full:
+        attributes["llm.token_count.prompt"] = total_input
+        attributes["llm.token_count.completion"] = output
+        attributes["llm.token_count.total"] = total_input + output
+        attributes["llm.token_count.prompt_details.cache_read"] = read
+        attributes["llm.token_count.prompt_details.cache_write"] = write
     attributes["gen_ai.usage.reasoning.output_tokens"] = thinking
     attributes["llm.token_count.completion_details.reasoning"] = thinking
     return attributes
+
+
+def request_content(
+    messages: tuple[Message, ...], system: Sequence[SystemBlock] | None
+) -> dict[str, Any]:
+    """A model call's captured input (opt-in): built only for a span that records."""
+    attributes: dict[str, Any] = {
+        "gen_ai.input.messages": semconv_messages(messages),
+        "input.value": compact_json([message_json(m) for m in messages]),
+        "input.mime_type": "application/json",
+    }
+    if system:
+        attributes["gen_ai.system_instructions"] = compact_json(
+            [{"type": "text", "content": b.text} for b in system]
+        )
+    return attributes
+
+
+def arguments_content(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A tool call's captured arguments (opt-in), encoded once for both keys."""
+    encoded = compact_json(arguments)
+    return {
+        "gen_ai.tool.call.arguments": encoded,
+        "input.value": encoded,
+        "input.mime_type": "application/json",
+    }

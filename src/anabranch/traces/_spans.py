@@ -3,20 +3,21 @@
 Only the OpenTelemetry API is used: without an SDK every span is a no-op. Telemetry never
 raises into a run: attribute and event helpers swallow their own errors.
 
-Attributes follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``) and, so that
-Arize Phoenix shows span kinds, sessions and token counts without guessing, the core
-OpenInference keys (``openinference.span.kind``, ``session.id``, ``llm.token_count.*``,
-``input.value``/``output.value``). Message content is recorded only when opted in.
+Attributes follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``), plus the
+OpenInference keys Arize Phoenix cannot derive from those (``openinference.span.kind`` of
+compaction, graph and memory spans, ``input.value``/``output.value``); ``openinference=
+"full"`` adds the ones it derives (span kinds, ``session.id``, ``llm.*``, ``tool.*``) for
+other OpenInference backends (see ``_settings``). Message content is recorded only when
+opted in.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -36,28 +37,19 @@ from anabranch.traces._current import (
     set_all,
 )
 from anabranch.traces._payloads import (
+    arguments_content,
     compact_json,
     message_json,
     message_parts,
-    semconv_messages,
+    request_content,
     usage_attributes,
 )
+from anabranch.traces._settings import OpenInference, content_capture_from_env, openinference_full
 
-__all__ = ["SpanRef", "Tracing", "content_capture_from_env"]
+__all__ = ["SpanRef", "Tracing"]
 
 _log = logging.getLogger(__name__)
 PROVIDER = "anthropic"
-CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-_CONTENT_ON = {"true", "1", "yes", "span_only", "span_and_event"}
-
-
-def content_capture_from_env() -> bool:
-    """Message content in spans is opt-in via OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT.
-
-    ``true``/``1``, ``SPAN_ONLY`` and ``SPAN_AND_EVENT`` turn it on; anything else (including
-    the default ``NO_CONTENT``) keeps it off.
-    """
-    return os.environ.get(CONTENT_ENV, "").strip().lower() in _CONTENT_ON
 
 
 @dataclass(frozen=True)
@@ -92,6 +84,8 @@ class Tracing:
         tracer_provider: where spans go; default the global provider (a no-op without SDK).
         capture_content: record prompts, outputs, tool arguments and results; default off,
             or on when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` says so.
+        openinference: ``"minimal"`` (default, or ``$ANABRANCH_OPENINFERENCE``): only the
+            OpenInference keys Phoenix cannot derive from the GenAI ones; ``"full"``: all.
     """
 
     def __init__(
@@ -99,6 +93,7 @@ class Tracing:
         tracer_provider: trace.TracerProvider | None = None,
         *,
         capture_content: bool | None = None,
+        openinference: OpenInference | None = None,
     ) -> None:
         provider = tracer_provider or trace.get_tracer_provider()
         self._tracer = provider.get_tracer("anabranch")
@@ -108,6 +103,8 @@ class Tracing:
         self.capture_content = (
             content_capture_from_env() if capture_content is None else capture_content
         )
+        self.openinference_full: Final = openinference_full(openinference)
+        """Every OpenInference key, those Phoenix derives from the GenAI names too."""
 
     def _span(
         self,
@@ -160,10 +157,11 @@ class Tracing:
             "gen_ai.agent.id": run_id,
             "gen_ai.conversation.id": session_id,
             "gen_ai.request.model": model,
-            "openinference.span.kind": "AGENT",
-            "session.id": session_id,
-            "agent.name": agent,
         }
+        if self.openinference_full:
+            attributes["openinference.span.kind"] = "AGENT"
+            attributes["session.id"] = session_id
+        attributes["agent.name"] = agent
         if resumed_from:
             attributes["anabranch.resumed"] = True
         if self.capture_content:
@@ -188,11 +186,12 @@ class Tracing:
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_workflow",
             "gen_ai.conversation.id": session_id,
-            "openinference.span.kind": "CHAIN",
-            "session.id": session_id,
-            "anabranch.graph.name": graph,
-            "anabranch.graph.tasks": tasks,
+            "openinference.span.kind": "CHAIN",  # Phoenix has no kind for invoke_workflow
         }
+        if self.openinference_full:
+            attributes["session.id"] = session_id
+        attributes["anabranch.graph.name"] = graph
+        attributes["anabranch.graph.tasks"] = tasks
         if resumed_from:
             attributes["anabranch.resumed"] = True
         return self._span(
@@ -219,7 +218,7 @@ class Tracing:
             attributes["output.value"] = output
             attributes["output.mime_type"] = "text/plain"
         if usage is not None:
-            attributes.update(usage_attributes(usage))
+            usage_attributes(usage, attributes, full=self.openinference_full)
         safe_set(span, attributes)
 
     # ------------------------------------------------------------------ model calls
@@ -249,20 +248,21 @@ class Tracing:
             "gen_ai.request.model": model,
             "gen_ai.conversation.id": session_id,
             "gen_ai.agent.name": agent,
-            "openinference.span.kind": "LLM",
-            "session.id": session_id,
-            "llm.model_name": model,
-            "llm.provider": PROVIDER,
-            "llm.system": PROVIDER,
-            "anabranch.attempt": attempt,
         }
+        if self.openinference_full:
+            attributes["openinference.span.kind"] = "LLM"
+            attributes["session.id"] = session_id
+            attributes["llm.model_name"] = model
+            attributes["llm.provider"] = PROVIDER
+            attributes["llm.system"] = PROVIDER
+        attributes["anabranch.attempt"] = attempt
         if purpose is not None:
             attributes["anabranch.call.purpose"] = purpose
         if compacted:
             attributes["gen_ai.conversation.compacted"] = True
         more = None
         if self.capture_content and messages is not None:
-            more = partial(_request_content, messages, system)  # built only if it records
+            more = partial(request_content, messages, system)  # built only if it records
         return CurrentSpan(self._tracer, name, SpanKind.CLIENT, attributes, None, more)
 
     def model_response(
@@ -282,7 +282,7 @@ class Tracing:
             "gen_ai.response.model": response_model,
             "gen_ai.response.finish_reasons": [stop_reason or "unknown"],
         }
-        usage_attributes(usage, attributes)
+        usage_attributes(usage, attributes, full=self.openinference_full)
         if self.capture_content and output is not None:
             attributes["gen_ai.output.messages"] = compact_json(
                 [
@@ -340,13 +340,14 @@ class Tracing:
         if description:
             attributes["gen_ai.tool.description"] = description
         attributes["gen_ai.conversation.id"] = session_id
-        attributes["openinference.span.kind"] = "TOOL"
-        attributes["session.id"] = session_id
-        attributes["tool.name"] = tool
-        attributes["tool.id"] = call_id
+        if self.openinference_full:
+            attributes["openinference.span.kind"] = "TOOL"
+            attributes["session.id"] = session_id
+            attributes["tool.name"] = tool
+            attributes["tool.id"] = call_id
         more = None
         if self.capture_content and arguments is not None:
-            more = partial(_arguments_content, arguments)  # built only if it records
+            more = partial(arguments_content, arguments)  # built only if it records
         return CurrentSpan(self._tracer, name, SpanKind.INTERNAL, attributes, None, more)
 
     def tool_result(
@@ -419,14 +420,15 @@ class Tracing:
             "gen_ai.agent.name": agent,
             "gen_ai.agent.id": run_id,
             "gen_ai.conversation.id": session_id,
-            "openinference.span.kind": "CHAIN",
-            "session.id": session_id,
-            "anabranch.compaction.trigger": trigger,
-            "anabranch.compaction.strategy": strategy,
-            # the cross-framework names (Google ADK's compact_events spans) next to ours
-            "gen_ai.compaction.trigger": trigger,
-            "gen_ai.compaction.strategy": strategy,
+            "openinference.span.kind": "CHAIN",  # Phoenix has no kind for compact
         }
+        if self.openinference_full:
+            attributes["session.id"] = session_id
+        attributes["anabranch.compaction.trigger"] = trigger
+        attributes["anabranch.compaction.strategy"] = strategy
+        # the cross-framework names (Google ADK's compact_events spans) next to ours
+        attributes["gen_ai.compaction.trigger"] = trigger
+        attributes["gen_ai.compaction.strategy"] = strategy
         return self._span(f"compact {agent}", SpanKind.INTERNAL, attributes)
 
     def compaction_result(
@@ -509,9 +511,10 @@ class Tracing:
             "gen_ai.agent.name": agent,
             "gen_ai.conversation.id": session_id,
             "openinference.span.kind": "RETRIEVER" if operation == "select" else "CHAIN",
-            "session.id": session_id,
-            "anabranch.memory.operation": operation,
         }
+        if self.openinference_full:
+            attributes["session.id"] = session_id
+        attributes["anabranch.memory.operation"] = operation
         return self._span(f"memory {operation} {agent}", SpanKind.INTERNAL, attributes)
 
     def memory_result(self, span: Span, attributes: Mapping[str, Any]) -> None:
@@ -564,28 +567,3 @@ class Tracing:
         except Exception:  # pragma: no cover
             _log.debug("could not add span event", exc_info=True)
 
-
-def _request_content(
-    messages: tuple[Message, ...], system: Sequence[SystemBlock] | None
-) -> dict[str, Any]:
-    """A model call's captured input (opt-in): built only for a span that records."""
-    attributes: dict[str, Any] = {
-        "gen_ai.input.messages": semconv_messages(messages),
-        "input.value": compact_json([message_json(m) for m in messages]),
-        "input.mime_type": "application/json",
-    }
-    if system:
-        attributes["gen_ai.system_instructions"] = compact_json(
-            [{"type": "text", "content": b.text} for b in system]
-        )
-    return attributes
-
-
-def _arguments_content(arguments: dict[str, Any]) -> dict[str, Any]:
-    """A tool call's captured arguments (opt-in), encoded once for both keys."""
-    encoded = compact_json(arguments)
-    return {
-        "gen_ai.tool.call.arguments": encoded,
-        "input.value": encoded,
-        "input.mime_type": "application/json",
-    }
