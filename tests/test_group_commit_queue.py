@@ -6,6 +6,8 @@ events is set by the test, not by timing."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -162,3 +164,43 @@ async def test_a_cancelled_follower_waits_for_its_write() -> None:
             assert order == []
             commit.release.set()
     assert order == ["cancelled after [[0], [1, 2]]"]
+
+
+async def test_a_waiting_write_holds_one_frame_of_the_queue(anyio_backend_name: str) -> None:
+    """A write waiting for its batch holds ``submit``'s frame and what that awaits (on
+    asyncio a bare future), not a chain of coroutines: every young collection while a
+    batch commits walks what each writer in flight holds."""
+    if anyio_backend_name != "asyncio":
+        pytest.skip("the await chain of an asyncio task")
+    import asyncio
+    import types
+
+    commit = Committer()
+    queue: GroupCommit[int] = GroupCommit(commit)
+
+    async def writer(job: int) -> None:
+        await queue.submit(job)
+
+    def chain(task: asyncio.Task[Any]) -> list[str]:
+        """What the task awaits, from ``writer`` on: coroutines by name, then the rest."""
+        names: list[str] = []
+        awaited: Any = task.get_coro()
+        while isinstance(awaited, types.CoroutineType):
+            if names or awaited.__qualname__.endswith("writer"):
+                names.append(awaited.__qualname__.rpartition(".")[2])
+            awaited = awaited.cr_await
+        return [*names, type(awaited).__name__] if names else []
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(writer, 0)
+            await anyio.wait_all_tasks_blocked()  # 0 is committing, held open
+            group.start_soon(writer, 1)  # the next batch's leader
+            group.start_soon(writer, 2)  # a follower
+            await anyio.wait_all_tasks_blocked()
+            chains = sorted(chain(t) for t in asyncio.all_tasks())
+            commit.release.set()
+    queued = ["writer", "submit", "FutureIter"]  # a future's own iterator: no coroutine
+    committing = ["writer", "submit", "_lead", "__call__", "wait", "wait", "FutureIter"]
+    assert [c for c in chains if c] == sorted([committing, queued, queued])
+    assert commit.batches == [[0], [1, 2]]

@@ -15,7 +15,8 @@ Invariants (the stores' correctness rests on them; the conformance suite checks 
   it takes every queued write and commits them. The first writer queued during a commit
   is the next batch's leader; when the commit ends it wakes that one (who leads the next
   commit, overlapping with this batch's writers going on with their work), then this
-  batch's writers, **all through one event per batch** (not one per write).
+  batch's writers, **all through one wake-up per batch** (not one per write: the batch's
+  ``_Wake``, set once, resolves what each of its waiters awaits).
 - **One commit at a time.** A batch is committed only when no other is being committed,
   so the backend's ``commit`` never runs twice at once.
 - **Cancellation never splits a write.** Queued and committing writes are shielded from
@@ -25,12 +26,18 @@ Invariants (the stores' correctness rests on them; the conformance suite checks 
 - **No write hangs.** If ``commit`` itself raises, every write of its batch that has no
   outcome yet fails with that error.
 
+A write in flight is cheap to keep (a batch waits for a thread; every young collection
+meanwhile walks what its writers hold): a follower waits in ``submit``'s own frame on
+what its batch's wake-up resolves (on asyncio a bare future, as ``asyncio.Event`` would
+make, without its coroutine or anyio's), not in a chain of coroutines.
+
 Atomicity and isolation of each write inside a batch (savepoints, retries) and the
 translation of driver errors are the backend's part.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
@@ -57,8 +64,49 @@ class QueuedWrite(Generic[J]):
         self.result, self.error = None, None
 
 
+class _Wake:
+    """One wake-up for many waiters, set once (``asyncio.Event`` without its coroutine).
+
+    On asyncio each waiter awaits a future of its own (so cancelling one waiter cancels
+    only its future); elsewhere (trio) an ``anyio.Event``'s ``wait``.
+    """
+
+    __slots__ = ("_event", "_futures", "is_set")
+
+    def __init__(self) -> None:
+        self.is_set = False
+        self._futures: list[asyncio.Future[None]] | None = None
+        self._event: anyio.Event | None = None
+
+    def park(self) -> Awaitable[Any]:
+        """What a waiter awaits until ``set``."""
+        if self.is_set:  # would never be resolved: a broken invariant, not a hang
+            raise AssertionError("group commit: waiting on a wake-up already given")
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio
+            if self._event is None:
+                self._event = anyio.Event()
+            return self._event.wait()
+        future: asyncio.Future[None] = loop.create_future()
+        if self._futures is None:
+            self._futures = [future]
+        else:
+            self._futures.append(future)
+        return future
+
+    def set(self) -> None:
+        self.is_set = True
+        for future in self._futures or ():
+            if not future.done():  # a cancelled waiter's is
+                future.set_result(None)
+        self._futures = None
+        if self._event is not None:
+            self._event.set()
+
+
 class _Batch(Generic[J]):
-    """The writes of one transaction, and the two events its writers wait on."""
+    """The writes of one transaction, and the two wake-ups its writers wait on."""
 
     __slots__ = ("committed", "lead", "leader", "writes")
 
@@ -66,9 +114,9 @@ class _Batch(Generic[J]):
         self.writes: list[QueuedWrite[J]] = []
         self.leader: QueuedWrite[J] | None = None
         """The first write queued while another batch commits: it leads this one."""
-        self.lead: anyio.Event | None = None
+        self.lead: _Wake | None = None
         """Set when the commit before this batch has ended (the leader's turn)."""
-        self.committed: anyio.Event | None = None
+        self.committed: _Wake | None = None
         """Set when this batch's commit has ended (every other writer's wake-up)."""
 
 
@@ -91,32 +139,37 @@ class GroupCommit(Generic[J]):
                 await self._lead(batch)
         else:
             try:
-                await self._settle(write, batch)
+                while not write.done:
+                    await self._next_step(write, batch)
             except BaseException:  # cancelled while queued: the write is not abandoned
                 with anyio.CancelScope(shield=True):
-                    await self._settle(write, batch)
+                    while not write.done:
+                        await self._next_step(write, batch)
                 raise
         if write.error is not None:
             raise write.error
         return write.result
 
-    async def _settle(self, write: QueuedWrite[J], batch: _Batch[J]) -> None:
-        """Wait until ``write`` (of ``batch``) is committed, leading its batch if it is the
-        leader (or nothing is being committed). Only the leading is shielded here."""
-        while not write.done:
-            if not self._committing:  # then ``batch`` is still the next one: commit it
-                with anyio.CancelScope(shield=True):
-                    await self._lead(batch)
-            elif batch is self._next and batch.leader in (None, write):
-                if batch.lead is None:
-                    batch.leader, batch.lead = write, anyio.Event()
-                await batch.lead.wait()
-                if self._committing and batch is self._next:  # never: a leader takes _next
-                    raise AssertionError("group commit: woken to lead while a commit runs")
-            else:  # another writer leads this batch, or is committing it
-                if batch.committed is None:
-                    batch.committed = anyio.Event()
-                await batch.committed.wait()
+    def _next_step(self, write: QueuedWrite[J], batch: _Batch[J]) -> Awaitable[Any]:
+        """What ``write`` (of ``batch``, not yet committed) awaits next: leading its batch
+        if it is the leader (or nothing is being committed), else its batch's wake-up.
+        Only the leading is shielded here."""
+        if not self._committing:  # then ``batch`` is still the next one: commit it
+            return self._lead_shielded(batch)
+        if batch is self._next and batch.leader in (None, write):
+            if batch.lead is None:
+                batch.leader, batch.lead = write, _Wake()
+            elif batch.lead.is_set:  # never: a leader takes ``_next`` when woken
+                raise AssertionError("group commit: woken to lead while a commit runs")
+            return batch.lead.park()
+        # another writer leads this batch, or is committing it
+        if batch.committed is None:
+            batch.committed = _Wake()
+        return batch.committed.park()
+
+    async def _lead_shielded(self, batch: _Batch[J]) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._lead(batch)
 
     async def _lead(self, batch: _Batch[J]) -> None:
         """Commit ``batch`` (the next one, while nothing else commits); wake its writers."""

@@ -22,7 +22,7 @@ Invariants (the store's correctness rests on them; the conformance suite checks 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import anyio
@@ -73,7 +73,9 @@ def _run_apart(conn: sqlite3.Connection, batch: list[QueuedWrite[SQLiteJob]]) ->
         conn.execute("RELEASE anabranch_write")
 
 
-def _commit_batch(conn: sqlite3.Connection, batch: list[QueuedWrite[SQLiteJob]]) -> None:
+def _commit_batch(
+    conn: sqlite3.Connection, batch: list[QueuedWrite[SQLiteJob]], lock_timeout: float
+) -> None:
     """Run ``batch`` in one transaction, its new rows indexed for search, and commit.
 
     Several writes run first without savepoints; only if one of them fails is the
@@ -97,6 +99,9 @@ def _commit_batch(conn: sqlite3.Connection, batch: list[QueuedWrite[SQLiteJob]])
         for write in batch:
             write.error = write.error or exc
             write.result = None
+    for write in batch:  # here, so that a write in flight needs no frame of ours to wait
+        if isinstance(write.error, sqlite3.Error):
+            write.error = _store_error(write.error, lock_timeout)
 
 
 class GroupCommitConnection:
@@ -142,14 +147,15 @@ class GroupCommitConnection:
             except sqlite3.Error as exc:
                 raise _store_error(exc, self._lock_timeout) from exc
 
-    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Commit ``fn``'s statements atomically (possibly together with other writes)."""
-        try:
-            result: T = await self._writes.submit(fn)
-        except sqlite3.Error as exc:
-            raise _store_error(exc, self._lock_timeout) from exc
-        return result
+    def write(self, fn: Callable[[sqlite3.Connection], T]) -> Coroutine[Any, Any, T]:
+        """Commit ``fn``'s statements atomically (possibly together with other writes).
+
+        The group commit's own coroutine, not one around it (a driver error reaches the
+        writer as ``StoreError`` already: ``_commit_batch`` translates it)."""
+        return self._writes.submit(fn)
 
     async def _commit(self, batch: list[QueuedWrite[SQLiteJob]]) -> None:
         async with self._limiter:
-            await anyio.to_thread.run_sync(_commit_batch, self._conn, batch, limiter=self._thread)
+            await anyio.to_thread.run_sync(
+                _commit_batch, self._conn, batch, self._lock_timeout, limiter=self._thread
+            )
