@@ -18,7 +18,13 @@ from anabranch.runtime._context_view import ContextView, Ingested
 from anabranch.runtime._history import load_messages
 from anabranch.runtime._loop import INTERRUPTED_REPORT
 from anabranch.runtime._pipeline import PassThroughPipeline
-from anabranch.store import MessageRecord, SpillRecord, SQLiteStore, ToolEventRecord
+from anabranch.store import (
+    CallRecord,
+    MessageRecord,
+    SpillRecord,
+    SQLiteStore,
+    ToolEventRecord,
+)
 from anabranch.testing import FunctionModel
 
 from .helpers import run_until, sql, wait_until
@@ -208,14 +214,32 @@ async def test_the_last_result_commits_with_the_results_message(tmp_path: Path) 
     assert not any("INSERT INTO messages" in s for s in _finishing(transactions, "toolu_fast"))
     last = _finishing(transactions, "toolu_slow")
     assert [s for s in last if "INSERT INTO messages" in s and "'user'" in s]
+    # and the next call's row: committed before that call is sent (write-ahead)
+    assert [s for s in last if "INSERT INTO calls" in s]
     inserts = [s for t in transactions for s in t if "INSERT INTO messages" in s]
     assert len([s for s in inserts if "'user'" in s]) == 2  # the task, the results: once
+    calls = [s for t in transactions for s in t if "INSERT INTO calls" in s]
+    assert len(calls) == 2  # the first call, the one after the tools
 
 
 class _StopsBeforeTheLastCommit(SQLiteStore):
-    """The real store; the process "dies" just before a tool turn's last commit."""
+    """The real store; the process "dies" just before a tool turn's last commit (with the
+    results message, and the next call's row when it can be built at once)."""
 
     reached = anyio.Event()
+
+    async def begin_call(
+        self,
+        call: CallRecord,
+        messages: Sequence[MessageRecord],
+        *,
+        tool_event: ToolEventRecord | None = None,
+        spills: Sequence[SpillRecord] = (),
+    ) -> int:
+        if tool_event is not None:
+            self.reached.set()
+            await anyio.sleep_forever()
+        return await super().begin_call(call, messages, tool_event=tool_event, spills=spills)
 
     async def record_tool_event(
         self,
@@ -252,6 +276,56 @@ async def test_a_stop_before_the_last_commit_runs_only_the_last_call_again(tmp_p
     assert result.output == "done: fast result | slow result"
     finished = [e["call_id"] for e in events if e["event"] == "finished"]
     assert finished == ["toolu_fast", "toolu_slow"]
+    assert [t["seq"] for t in turns] == [0, 2]
+
+
+class _StopsAfterTheLastCommit(SQLiteStore):
+    """The real store; the process "dies" once a tool turn's last result, its results
+    message and the next call's row are committed, before that call is sent."""
+
+    reached = anyio.Event()
+
+    async def begin_call(
+        self,
+        call: CallRecord,
+        messages: Sequence[MessageRecord],
+        *,
+        tool_event: ToolEventRecord | None = None,
+        spills: Sequence[SpillRecord] = (),
+    ) -> int:
+        call_id = await super().begin_call(call, messages, tool_event=tool_event, spills=spills)
+        if tool_event is not None:
+            self.reached.set()
+            await anyio.sleep_forever()
+        return call_id
+
+
+async def test_a_stop_after_the_last_commit_sends_the_next_call_again_and_runs_no_tool(
+    tmp_path: Path,
+) -> None:
+    effects: list[str] = []
+    agent, _, on_event = _two_tools(effects)
+    db = tmp_path / "db"
+    _StopsAfterTheLastCommit.reached = reached = anyio.Event()
+    store = await _StopsAfterTheLastCommit.open(db)
+    with anyio.fail_after(20):
+        async with Runtime(store=store, model=_model("fast", "slow"), on_event=on_event) as rt:
+            session_id = await run_until(rt, agent, "go", reached)
+    await store.close()
+    agent, fast_committed, on_event = _two_tools(effects)
+    fast_committed.set()
+    async with Runtime(db, model=_model("fast", "slow"), on_event=on_event) as rt:
+        with anyio.fail_after(20):
+            result = await rt.resume(session_id, agent)
+        calls = await rt.store.list_calls(result.run_id or "")
+        turns = await sql(rt.store, "SELECT seq FROM messages WHERE role = 'user' ORDER BY seq")
+    assert effects == ["fast toolu_fast", "slow toolu_slow"]  # both committed: none again
+    assert result.output == "done: fast result | slow result"
+    # the call committed with the last result was cut off unsent; resume sends the same
+    # request (same fingerprint, same messages) as the next attempt's row
+    assert [(c.turn, c.status) for c in calls] == [(1, "ok"), (2, "interrupted"), (2, "ok")]
+    assert calls[1].fingerprint == calls[2].fingerprint
+    assert calls[1].message_count == calls[2].message_count == 3
     assert [t["seq"] for t in turns] == [0, 2]
 
 

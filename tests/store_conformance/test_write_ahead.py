@@ -155,6 +155,50 @@ async def test_a_last_result_commits_with_its_spill_and_results_message(backend:
     assert {hit.source for hit in hits} >= {"spill"}
 
 
+async def test_a_last_result_commits_with_its_results_message_and_the_next_call(
+    backend: Backend,
+) -> None:
+    store = await backend.open()
+    await add_session(store)
+    await add_run(store)
+    await store.append_messages([_message(0)])
+    output = "narwhal tusks " * 2000
+    spill = SpillRecord("spill_toolu_1", "run_1", "toolu_1", output, time.time())
+    results = MessageRecord(
+        run_id="run_1",
+        seq=1,
+        role="user",
+        content='[{"type": "tool_result", "tool_use_id": "toolu_1", "ref": "tool_event"}]',
+    )
+    before = backend.commits()
+    call_id = await store.begin_call(
+        _call(1, 2), [results], tool_event=_finished(output), spills=[spill]
+    )
+    assert backend.commits() - before == 1  # event, spill, message and call row: one
+    reader = await backend.open()
+    (event,) = await reader.tool_events("run_1", ["toolu_1"])
+    assert event.content == output
+    assert await reader.get_spill("spill_toolu_1") == output
+    assert [m.seq for m in await reader.load_messages("run_1")] == [0, 1]
+    (call,) = await reader.list_calls("run_1")
+    assert (call.id, call.turn, call.message_count, call.status) == (call_id, 1, 2, None)
+    hits = await reader.search_history("run_1", "narwhal tusks")
+    assert {hit.source for hit in hits} >= {"spill"}
+
+
+async def test_a_failing_next_call_leaves_no_event_and_no_message(store: Store) -> None:
+    await add_session(store)
+    await add_run(store)
+    await store.append_messages([_message(0)])
+    with pytest.raises(StoreError):  # seq 0 is taken: the whole transaction fails
+        await store.begin_call(
+            _call(1, 2), [_message(0, text="again")], tool_event=_finished("result")
+        )
+    assert await store.tool_events("run_1", ["toolu_1"]) == []
+    assert await store.list_calls("run_1") == []
+    assert [m.content for m in await store.load_messages("run_1")] == [_message(0).content]
+
+
 async def test_a_failing_results_message_leaves_no_event(store: Store) -> None:
     await add_session(store)
     await add_run(store)

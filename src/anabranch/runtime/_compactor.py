@@ -86,6 +86,7 @@ from anabranch.runtime._memory_compaction import CompactionMemory
 from anabranch.runtime._model_switch import ModelSwitch, model_switch
 from anabranch.runtime._pins import with_pins
 from anabranch.runtime._pipeline import spill_over_limit
+from anabranch.runtime._quiet_call import quiet_before_call
 from anabranch.runtime._run_prompt import with_breakpoints
 from anabranch.runtime._server_compaction import server_rebuild
 from anabranch.runtime._summarizer import SummarizerFailed, summarize, summary_max_tokens
@@ -175,6 +176,9 @@ class CompactingPipeline:
         if self.ahead.due(step, threshold=threshold):
             await self._start_ahead(step)
         return step.change() if step.decided else None  # None: nothing to commit
+
+    def quiet_before_call(self, run: ContextView) -> bool:
+        return quiet_before_call(self, run)  # ``before_call`` would do nothing (no await)
 
     def model_switch(self, run: ContextView) -> ModelSwitch | None:
         """The run's model changed to one that cannot hold its context (see ``_model_switch``)."""

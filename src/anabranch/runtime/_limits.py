@@ -139,6 +139,16 @@ class ChannelLimits:
             self._note_recorded(run.id)
             await run.store.save_context_limit(_record(limit, channel, run.id))
 
+    def prepared(self, run: ContextView) -> bool:
+        """Whether ``prepare(run)`` has nothing left to do (so it would not await)."""
+        channel = channel_of(run)
+        if channel is None:
+            return True
+        if (run.agent.model, channel) not in self._loaded:
+            return False
+        limit = self.get(run)
+        return limit is None or run.id in self._recorded or limit.window >= self.declared(run)
+
     def _note_recorded(self, run_id: str) -> None:
         self._recorded[run_id] = None
         if len(self._recorded) > RECORDED:

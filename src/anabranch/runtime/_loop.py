@@ -428,8 +428,9 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         self, *, tool_choice: str | None = None, max_tokens: int | None = None
     ) -> ModelResponse:
         """One model turn: the context pipeline, the call (committed), the context updated."""
-        async with self.events.compactions():
-            await self.pipeline_step(self.env.pipeline.before_call)
+        if self.begun is None:  # else committed with the last result: the pipeline was quiet
+            async with self.events.compactions():
+                await self.pipeline_step(self.env.pipeline.before_call)
         response = await self.call_model(tool_choice=tool_choice, max_tokens=max_tokens)
         self.context.append(response.to_message())
         self.turns += 1

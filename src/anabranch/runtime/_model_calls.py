@@ -30,9 +30,10 @@ from anabranch.messages import (
 )
 from anabranch.models._base import StreamingModel
 from anabranch.models._retry import retrying
-from anabranch.runtime._context_view import CompactionOutcome
+from anabranch.runtime._context_view import CompactionOutcome, ContextView
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._history import message_json, usage_json
+from anabranch.runtime._pipeline import plain_twin
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import session_limits
 from anabranch.runtime._session_view import UsageTotals
@@ -69,6 +70,9 @@ class ModelCalls:
     _fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None
     _on_retry: RetryNotice
     """``events.retry_scheduled``, bound once per run (not once per call)."""
+    begun: tuple[ModelRequest, CallRecord, int] | None = None
+    """The next call's request and its row (by id), committed with the tool turn's last
+    result (``begin_next_call_now``): its first attempt sends exactly that request."""
 
     if TYPE_CHECKING:  # the loop's and ``ToolCalls``' (they come after this class)
 
@@ -78,6 +82,8 @@ class ModelCalls:
         def build_request(
             self, *, tool_choice: str | None = None, max_tokens: int | None = None
         ) -> ModelRequest: ...
+
+        def context_view(self) -> ContextView: ...
 
         async def rebuild_snapshot(self, reason: str) -> bool: ...
 
@@ -167,15 +173,20 @@ class ModelCalls:
                     raise
                 # the pipeline made the request smaller: start counting attempts again
 
-    async def _call_once(
-        self, attempt: int, *, tool_choice: str | None = None, max_tokens: int | None = None
-    ) -> ModelResponse:
-        """One attempt of a model turn: commit the call row, send, commit the outcome."""
-        env = self.env
-        if not self.agent.context.system_prompt_snapshot:
-            await self.rebuild_snapshot("rebuild")
-        request = self.build_request(tool_choice=tool_choice, max_tokens=max_tokens)
-        call = CallRecord(
+    def begin_next_call_now(self) -> tuple[ModelRequest, CallRecord] | None:
+        """The next turn's request and call row, if ``take_turn`` would build them with no
+        await before committing the row: the pipeline has nothing to do before the call
+        (``quiet_before_call``) and the prompt needs no rebuild. ``None``: it awaits."""
+        quiet = plain_twin(self.env.pipeline, "before_call", "quiet_before_call")
+        if quiet is None or not self.agent.context.system_prompt_snapshot:
+            return None
+        if not quiet(self.context_view()):
+            return None
+        request = self.build_request()
+        return request, self._call_row(request, 1)
+
+    def _call_row(self, request: ModelRequest, attempt: int) -> CallRecord:
+        return CallRecord(
             run_id=self.id,
             turn=self.turns + 1,
             attempt=attempt,
@@ -186,7 +197,21 @@ class ModelCalls:
             compactions=self.compactions,
             settings=request.settings.cache_key(),
         )
-        call_id = await env.store.begin_call(call, ())
+
+    async def _call_once(
+        self, attempt: int, *, tool_choice: str | None = None, max_tokens: int | None = None
+    ) -> ModelResponse:
+        """One attempt of a model turn: commit the call row, send, commit the outcome."""
+        env = self.env
+        begun, self.begun = self.begun, None
+        if begun is not None and attempt == 1 and tool_choice is None and max_tokens is None:
+            request, call, call_id = begun  # committed with the tool turn's last result
+        else:
+            if not self.agent.context.system_prompt_snapshot:
+                await self.rebuild_snapshot("rebuild")
+            request = self.build_request(tool_choice=tool_choice, max_tokens=max_tokens)
+            call = self._call_row(request, attempt)
+            call_id = await env.store.begin_call(call, ())
         try:
             return await self.request_once(request, attempt=attempt, call=call, call_id=call_id)
         except ModelError as error:

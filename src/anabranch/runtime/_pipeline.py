@@ -6,13 +6,17 @@ nothing to do); the loop commits it (see ``runtime._context_view``). A pipeline 
 then the loop commits a turn's last tool result and the results message in one transaction,
 in the step in which the tool returned (see ``runtime._tool_calls``). A pipeline that
 says which agents' runs it may start work ahead for (``works_ahead``, ``WorksAhead``)
-spares every other run the task group ``ContextView.background`` would hold.
+spares every other run the task group ``ContextView.background`` would hold. A pipeline
+that can tell without an await that ``before_call`` has nothing to do (``QuietBeforeCall``)
+lets the loop commit a tool turn's last result, the results message and the next call's
+row in one transaction (see ``runtime._tool_calls``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from anabranch.agents import Agent
 from anabranch.context._budget import preview, spill_handle
@@ -25,7 +29,9 @@ __all__ = [
     "ContextPipeline",
     "IngestsNow",
     "PassThroughPipeline",
+    "QuietBeforeCall",
     "WorksAhead",
+    "plain_twin",
     "spill_over_limit",
 ]
 
@@ -61,6 +67,15 @@ class IngestsNow(Protocol):
         ...
 
 
+class QuietBeforeCall(Protocol):
+    """A pipeline that can tell, without an await, that ``before_call`` has nothing to do."""
+
+    def quiet_before_call(self, run: ContextView) -> bool:
+        """``True`` only if ``before_call(run)`` would return ``None`` having awaited,
+        started and changed nothing: the loop then does not call it for the next call."""
+        ...
+
+
 class WorksAhead(Protocol):
     """A pipeline that says whether it may start background work for an agent's runs."""
 
@@ -68,6 +83,23 @@ class WorksAhead(Protocol):
         """Whether runs of ``agent`` may start work in ``ContextView.background``; for the
         others the loop opens no task group (their ``background`` is ``None``)."""
         ...
+
+
+_PAIRED: dict[tuple[type, str], bool] = {}
+
+
+def plain_twin(pipeline: object, method: str, twin: str) -> Callable[..., Any] | None:
+    """``pipeline``'s ``twin`` (a plain function standing for its async ``method``:
+    ``ingest_now``, ``quiet_before_call``), if the class that last defines either defines
+    both: a subclass that overrides ``method`` alone does not inherit a twin that no
+    longer speaks for it."""
+    cls = type(pipeline)
+    paired = _PAIRED.get((cls, twin))
+    if paired is None:
+        owner = next((k for k in cls.__mro__ if method in vars(k) or twin in vars(k)), None)
+        paired = owner is not None and method in vars(owner) and twin in vars(owner)
+        _PAIRED[(cls, twin)] = paired
+    return getattr(pipeline, twin) if paired else None
 
 
 def spill_over_limit(run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
@@ -100,6 +132,9 @@ class PassThroughPipeline:
 
     async def before_call(self, run: ContextView) -> ContextChange | None:
         return None
+
+    def quiet_before_call(self, run: ContextView) -> bool:
+        return True
 
     async def on_prompt_too_long(
         self, run: ContextView, error: PromptTooLongError, attempt: int

@@ -10,7 +10,9 @@ call that returns last finds every other result committed and the results messag
 built without an await (the pipeline's ``ingest_now``, the limits' ``next_turn_now``), its
 ``finished`` event, the turn's spills and that message go in one transaction, submitted
 in the same step as its lone event would have been: so in the same batch, committed as
-soon (docs/design-notes.md, "Store round trips per model call").
+soon (docs/design-notes.md, "Store round trips per model call"). If the next model call
+can be built without an await too (``begin_next_call_now``), its call row joins that
+transaction (write-ahead: committed before that request is sent) and the loop sends it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ import anyio
 from anabranch.agents import Agent, Tool
 from anabranch.agents._tools import Pin
 from anabranch.errors import ApprovalPendingError
-from anabranch.messages import Message, ToolDefinition, ToolResultBlock, ToolUseBlock
+from anabranch.messages import (
+    Message,
+    ModelRequest,
+    ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from anabranch.runtime._approval import ApprovalGate, GatedRun, gate_calls, needs_approval
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
 from anabranch.runtime._context_view import ContextView, Ingested
@@ -36,10 +44,17 @@ from anabranch.runtime._history import (
     pin_handle,
     pin_record,
 )
+from anabranch.runtime._pipeline import plain_twin
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import TurnNotes, session_limits
 from anabranch.runtime._tool_exec import run_user_tool
-from anabranch.store import MessageRecord, RunRecord, SpillRecord, ToolEventRecord
+from anabranch.store import (
+    CallRecord,
+    MessageRecord,
+    RunRecord,
+    SpillRecord,
+    ToolEventRecord,
+)
 
 __all__ = ["INTERRUPTED_REPORT", "ToolCalls"]
 
@@ -49,6 +64,8 @@ INTERRUPTED_REPORT = (
 )
 
 IngestNow = Callable[[ContextView, ToolUseBlock, ToolOutcome], Ingested]
+NextCall = tuple[ModelRequest, CallRecord]
+"""The next model call's request and its call row, built before the row is committed."""
 
 
 class _Turn:
@@ -83,6 +100,8 @@ class ToolCalls:
     tools: tuple[ToolDefinition, ...]
     events: RunEvents
     context: list[Message]
+    next_seq: int
+    appended_since_usage: list[Message]
     turns: int
     turn_base: int
     _fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None
@@ -116,6 +135,11 @@ class ToolCalls:
         async def append(self, *messages: Message, kind: str = "message") -> None: ...
 
         def appended(self, message: Message) -> None: ...
+
+        # ``ModelCalls``' (before this class in ``AgentRun``)
+        begun: tuple[ModelRequest, CallRecord, int] | None
+
+        def begin_next_call_now(self) -> NextCall | None: ...
 
     async def run_tools(self, uses: Sequence[ToolUseBlock]) -> TurnNotes:
         """Run every tool_use without a committed result, then commit the user turn with
@@ -227,14 +251,16 @@ class ToolCalls:
             if closing is None:
                 await self.env.store.record_tool_event(self._finished_event(use, outcome))
             else:
-                message, notes, commit = closing
+                message, notes, commit, next_call = closing
                 if turn.shield:  # a time limit cutting the calls off must not hide the commit
                     with anyio.CancelScope(shield=True):
-                        await commit
+                        call_id = await commit
                 else:
-                    await commit
+                    call_id = await commit
                 self.appended(message)
                 turn.closed = notes
+                if next_call is not None:  # its row committed: the loop sends it next
+                    self.begun = (*next_call, call_id)
             turn.outcomes[use.id] = outcome
             self.events.tool_finished(use, outcome)
         except ApprovalPendingError as pending:  # a sub-agent waits: this run pauses too
@@ -242,13 +268,14 @@ class ToolCalls:
 
     def _closing(
         self, use: ToolUseBlock, outcome: ToolOutcome, turn: _Turn
-    ) -> tuple[Message, TurnNotes, Coroutine[Any, Any, None]] | None:
+    ) -> tuple[Message, TurnNotes, Coroutine[Any, Any, Any], NextCall | None] | None:
         """The write of ``use``'s ``finished`` event, the turn's spills and its user turn in
         one transaction (with that turn and its notes), if ``use`` is the turn's last
         result (every other one committed, nothing waits for approval) and the user turn
         can be built without an await: nothing runs between the tool's return and this
-        commit that did not before. None: the event is committed alone."""
-        ingest_now: IngestNow | None = getattr(self.env.pipeline, "ingest_now", None)
+        commit that did not before (and the next call's row with them, if it can be
+        built now: that call's request and row last). None: the event is committed alone."""
+        ingest_now: IngestNow | None = plain_twin(self.env.pipeline, "ingest", "ingest_now")
         limits, gate = session_limits(self.env), turn.gate
         if ingest_now is None or limits.reads_ledger or gate.waiting or gate.nested:
             return None
@@ -262,9 +289,10 @@ class ToolCalls:
 
     def _turn_commit(
         self, use: ToolUseBlock, outcome: ToolOutcome, turn: _Turn, ingest_now: IngestNow
-    ) -> tuple[Message, TurnNotes, Coroutine[Any, Any, None]]:
-        """The user turn that closes ``turn`` once ``use`` is committed, its notes, and the
-        write of both (not awaited), built in the order the usual path builds them."""
+    ) -> tuple[Message, TurnNotes, Coroutine[Any, Any, Any], NextCall | None]:
+        """The user turn that closes ``turn`` once ``use`` is committed, its notes, the
+        write of both (not awaited; with the next call's row if it can be built now: then
+        that call's request and row too), built in the order the usual path builds them."""
         outcomes = {**turn.outcomes, use.id: outcome}
         self.committed_results = self._committed(turn.uses, outcomes)
         results, spills, now = [], [], time.time()
@@ -277,8 +305,26 @@ class ToolCalls:
         message = Message(role="user", content=(*results, *notes.blocks))
         records = self.message_records([message])
         event = self._finished_event(use, outcome)
-        commit = self.env.store.record_tool_event(event, spills=spills, messages=records)
-        return message, notes, commit
+        store = self.env.store
+        next_call = self._next_call_after(message) if notes.stop is None else None
+        if next_call is not None:
+            begin = store.begin_call(next_call[1], records, tool_event=event, spills=spills)
+            return message, notes, begin, next_call
+        commit = store.record_tool_event(event, spills=spills, messages=records)
+        return message, notes, commit, None
+
+    def _next_call_after(self, message: Message) -> NextCall | None:
+        """The next call's request and row as ``take_turn`` would build them once
+        ``message`` is committed, if it would with no await; the context stays as it was."""
+        self.appended(message)
+        try:
+            return self.begin_next_call_now()
+        except Exception:  # (a pipeline's check failing) met again in the usual order
+            return None
+        finally:
+            self.next_seq -= 1
+            self.context.pop()
+            self.appended_since_usage.pop()
 
     def _started_events(self, uses: Sequence[ToolUseBlock]) -> list[ToolEventRecord]:
         """``started`` events for the calls that will run, committed with the response."""

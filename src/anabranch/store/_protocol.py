@@ -99,8 +99,18 @@ class Store(Protocol):
         atomically: a conversation's next turn."""
         ...
 
-    async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
-        """Commit pending messages and the call row together, before the request is sent."""
+    async def begin_call(
+        self,
+        call: CallRecord,
+        messages: Sequence[MessageRecord],
+        *,
+        tool_event: ToolEventRecord | None = None,
+        spills: Sequence[SpillRecord] = (),
+    ) -> int:
+        """Commit pending messages and the call row together, before the request is sent;
+        its id. With ``tool_event``: that event, then ``spills``, then the messages and the
+        call row, in one transaction (a tool turn's last result, its results message and
+        the next call: as ``record_tool_event`` would, then the call)."""
         ...
 
     async def finish_call(

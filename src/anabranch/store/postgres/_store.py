@@ -383,12 +383,25 @@ class PostgresStore(Reads):
 
         await self._write(write, run=run_id)
 
-    async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
-        """Commit pending messages and the call row together, before the request is sent."""
+    async def begin_call(
+        self,
+        call: CallRecord,
+        messages: Sequence[MessageRecord],
+        *,
+        tool_event: ToolEventRecord | None = None,
+        spills: Sequence[SpillRecord] = (),
+    ) -> int:
+        """Commit pending messages and the call row together, before the request is sent
+        (after ``tool_event`` and ``spills``, if given: see the protocol)."""
+        event = tool_event_row(tool_event) if tool_event is not None else None
+        spill_values = [spill_row(s) for s in spills]
         values = [message_row(m) for m in messages]
         call_values = call_row(call)
 
         def write(tx: Tx) -> Later[int]:
+            if event is not None:
+                insert(tx, "tool_events", event)
+            tx.send_many(SAVE_SPILL, spill_values)
             self._insert_messages(tx, values)
             return insert_id(tx, "calls", call_values)
 

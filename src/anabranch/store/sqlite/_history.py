@@ -84,12 +84,26 @@ class SQLiteHistory:
 
         await self._sql.write(write)
 
-    async def begin_call(self, call: CallRecord, messages: Sequence[MessageRecord]) -> int:
-        """Commit pending messages and the call row together, before the request is sent."""
+    async def begin_call(
+        self,
+        call: CallRecord,
+        messages: Sequence[MessageRecord],
+        *,
+        tool_event: ToolEventRecord | None = None,
+        spills: Sequence[SpillRecord] = (),
+    ) -> int:
+        """Commit pending messages and the call row together, before the request is sent
+        (after ``tool_event`` and ``spills``, if given: see the protocol)."""
+        event = tool_event_row(tool_event) if tool_event is not None else None
+        spill_values = [spill_row(s) for s in spills]
         values = [message_row(m) for m in messages]
         values_of_call = call_values(call)
 
         def write(conn: sqlite3.Connection) -> int:
+            if event is not None:
+                insert(conn, "tool_events", event)
+            for spill in spill_values:
+                conn.execute(_SAVE_SPILL, dehydrate(conn, "spills", spill))
             for value in values:
                 insert(conn, "messages", value)
             return insert(conn, "calls", values_of_call)
