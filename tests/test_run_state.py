@@ -32,6 +32,7 @@ PIPELINE_MODULES = (
     "runtime/_head.py",
     "runtime/_limits.py",
     "runtime/_summarizer.py",
+    "runtime/_quiet_call.py",
 )
 
 
