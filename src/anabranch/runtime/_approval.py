@@ -67,13 +67,14 @@ def denial_text(reason: str) -> str:
     return f"The user denied this tool call; it was not run. Reason: {reason or 'none given'}"
 
 
-@dataclass
+@dataclass(slots=True)
 class ApprovalGate:
-    """What the approvals say about one turn's calls."""
+    """What the approvals say about one turn's calls (one object while nothing waits: it
+    lives while the turn's calls run)."""
 
     denied: dict[str, ToolOutcome] = field(default_factory=dict)
-    waiting: list[ToolUseBlock] = field(default_factory=list)
-    nested: list[ApprovalPendingError] = field(default_factory=list)
+    waiting: Sequence[ToolUseBlock] = ()
+    nested: tuple[ApprovalPendingError, ...] = ()
     """Sub-agents (run by this turn's calls) that stopped to wait for approval."""
 
     def held(self, use: ToolUseBlock) -> bool:
@@ -81,7 +82,7 @@ class ApprovalGate:
 
     def keep(self, pending: ApprovalPendingError) -> None:
         """A call's sub-agent stopped to wait for approval: kept (sibling calls finish)."""
-        self.nested.append(pending)
+        self.nested = (*self.nested, pending)
 
     def raise_if_waiting(self, run: GatedRun) -> None:
         """After the turn's other calls finished: stop the run if anything waits."""
@@ -102,10 +103,11 @@ async def gate_calls(
     ``known``: the calls' committed tool events (None: the turn was just answered here,
     so none can exist yet).
     """
-    gate = ApprovalGate()
     asking = [use for use in todo if needs_approval(run.agent.tool(use.name), use)]
     if not asking:
-        return gate
+        return ApprovalGate()
+    waiting: list[ToolUseBlock] = []
+    gate = ApprovalGate(waiting=waiting)
     events = list(known) if known is not None else []
     requested = {e.call_id for e in events if e.event == APPROVAL_REQUESTED}
     decided = {e.call_id: e for e in events if e.event == APPROVAL_DECIDED}
@@ -128,7 +130,7 @@ async def gate_calls(
                 )
                 gate.denied[use.id] = outcome
             continue
-        gate.waiting.append(use)
+        waiting.append(use)
         if use.id in requested:
             continue
         await run.store.record_tool_event(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -79,7 +80,7 @@ class _Turn:
         uses: Sequence[ToolUseBlock],
         gate: ApprovalGate,
         outcomes: dict[str, ToolOutcome],
-        started: set[str],
+        started: AbstractSet[str],
         marked: frozenset[str],
         shield: bool,
     ) -> None:
@@ -151,7 +152,7 @@ class ToolCalls:
         if fresh is not None and fresh[0] == tuple(u.id for u in uses):
             # answered in this process a moment ago: nothing of it can have finished yet
             finished: dict[str, ToolEventRecord] = {}
-            started: set[str] = set()
+            started: AbstractSet[str] = frozenset()
             marked = fresh[1]
             events: list[ToolEventRecord] | None = None
         else:
@@ -164,7 +165,7 @@ class ToolCalls:
             for call_id, e in finished.items()
         }
         self.fresh_calls = marked
-        todo = [use for use in uses if use.id not in finished]
+        todo = [use for use in uses if use.id not in finished] if finished else uses
         gate = await gate_calls(self.as_view(), todo, events)
         if gate.denied or gate.waiting:
             outcomes.update(gate.denied)
@@ -230,7 +231,7 @@ class ToolCalls:
             attachments=outcome.attachments,
         )
 
-    async def _run_calls(self, todo: list[ToolUseBlock], turn: _Turn) -> None:
+    async def _run_calls(self, todo: Sequence[ToolUseBlock], turn: _Turn) -> None:
         """Run several calls in parallel, each outcome into ``turn.outcomes``."""
         async with anyio.create_task_group() as group:
             for use in todo:
@@ -357,14 +358,17 @@ class ToolCalls:
     @staticmethod
     def _pins(
         use: ToolUseBlock, tool: Tool | None, outcome: ToolOutcome
-    ) -> list[tuple[Pin, str]]:
+    ) -> Sequence[tuple[Pin, str]]:
         """What the call pinned, and for a ``pin=True`` tool its result, with their sources."""
+        pinned = tool is not None and tool.pin
+        if not outcome.pins and not pinned:
+            return ()
         pins = [(pin, "pin") for pin in outcome.pins]
-        if tool is not None and tool.pin and not outcome.is_error and outcome.content.strip():
+        if pinned and not outcome.is_error and outcome.content.strip():
             pins.append((Pin(text=outcome.content, label=f"{use.name} result"), "result"))
         return pins
 
-    async def _commit_pins(self, use: ToolUseBlock, pins: list[tuple[Pin, str]]) -> None:
+    async def _commit_pins(self, use: ToolUseBlock, pins: Sequence[tuple[Pin, str]]) -> None:
         """Commit the call's ``pins``: each text as a spill (its recall handle), then a
         ``pin`` row naming it."""
         for index, (pin, source) in enumerate(pins):
