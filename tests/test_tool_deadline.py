@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import time
+import types
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 from anabranch import Agent, Runtime, Tool, tool
 from anabranch.messages import ToolUseBlock
 from anabranch.runtime._builtins import ToolOutcome
-from anabranch.runtime._tool_exec import run_user_tool
+from anabranch.runtime._tool_exec import _Resumed, run_user_tool
 from anabranch.testing import FunctionModel
 
 from .helpers import call, script
@@ -250,3 +252,56 @@ async def test_a_run_cuts_off_an_overrunning_tool_and_keeps_a_quick_ones_result(
         ("quick b", False),
         (timed_out, True),
     ]
+
+
+@types.coroutine
+def _suspend(label: str) -> Generator[str, Any, Any]:
+    """Yields ``label`` to whoever drives the coroutine, returns what it is sent."""
+    return (yield label)
+
+
+def test_a_resumed_await_hands_over_what_the_loop_sends_and_throws() -> None:
+    """``_Resumed`` passes on every yield, send, throw and close as ``await`` does."""
+    seen: list[Any] = []
+
+    async def body() -> str:
+        seen.append(await _suspend("first"))
+        try:
+            await _suspend("second")
+        except KeyError as exc:
+            seen.append(f"caught {exc}")
+        try:
+            await _suspend("third")
+        finally:
+            seen.append("closed")
+        return "unreachable"
+
+    inner = body()
+    step = inner.send(None)
+
+    async def outer() -> Any:
+        return await _Resumed(inner, step)
+
+    driver = outer()
+    assert driver.send(None) == "first"
+    assert driver.send("sent") == "second"
+    assert driver.throw(KeyError("k")) == "third"
+    driver.close()
+    assert seen == ["sent", "caught 'k'", "closed"]
+
+
+def test_a_resumed_await_returns_the_coroutines_value() -> None:
+    async def body() -> str:
+        return f"got {await _suspend('wait')}"
+
+    inner = body()
+    step = inner.send(None)
+
+    async def outer() -> Any:
+        return await _Resumed(inner, step)
+
+    driver = outer()
+    assert driver.send(None) == "wait"
+    with pytest.raises(StopIteration) as done:
+        driver.send("it")
+    assert done.value.value == "got it"

@@ -112,8 +112,16 @@ async def run_user_tool(
         elif timeout is None:
             value = await tool.function(**kwargs)
         else:
-            with cancel_scope() as scope:  # its deadline is set once the tool waits
-                value = await _Deadline(tool.function(**kwargs), scope, timeout)
+            with cancel_scope() as scope:  # entered first: the tool's own scopes nest in it
+                started = time.monotonic()
+                coroutine = tool.function(**kwargs)
+                try:
+                    step = coroutine.send(None)  # the tool's first step, up to its first wait
+                except StopIteration as done:  # returned without waiting: no deadline armed
+                    value = done.value
+                else:  # it waits: from now its deadline applies, counted from its start
+                    scope.deadline = anyio.current_time() + timeout - (time.monotonic() - started)
+                    value = await _Resumed(coroutine, step)
             if scope.cancelled_caught:  # only the deadline cancels this scope
                 raise TimeoutError
     except TimeoutError:
@@ -135,33 +143,24 @@ async def run_user_tool(
     return outcome
 
 
-class _Deadline:
-    """Awaits a tool's coroutine; the first time it waits, sets ``scope``'s deadline to
-    ``timeout`` seconds after the call started.
+class _Resumed:
+    """Awaits a coroutine whose first step already ran (and yielded ``step``), as
+    ``await`` would have: what it yields goes to the event loop as is, and what the loop
+    sends or throws back goes to it.
 
-    A tool that returns without waiting never arms a timer (nor reads the event loop's
-    clock). The scope is entered before the tool starts, so every cancel scope the tool
-    opens nests inside it; only its deadline comes late. What the tool's coroutine yields
-    is handed to the event loop as is, and what the loop sends or throws back goes to the
-    coroutine, as ``await`` does.
+    A timeout uses this so that a tool that returns without waiting arms no timer (nor
+    reads the loop's clock): its first step runs inside a cancel scope without a deadline,
+    which is set only if the tool waits.
     """
 
-    __slots__ = ("coroutine", "scope", "timeout")
+    __slots__ = ("coroutine", "step")
 
-    def __init__(
-        self, coroutine: Coroutine[Any, Any, Any], scope: anyio.CancelScope, timeout: float
-    ) -> None:
-        self.coroutine, self.scope, self.timeout = coroutine, scope, timeout
+    def __init__(self, coroutine: Coroutine[Any, Any, Any], step: Any) -> None:
+        self.coroutine, self.step = coroutine, step
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        coroutine = self.coroutine
-        started = time.monotonic()
-        try:
-            step = coroutine.send(None)
-        except StopIteration as done:  # returned without waiting
-            return done.value
-        # it waits: the deadline counts from its start (its first step may have been slow)
-        self.scope.deadline = anyio.current_time() + self.timeout - (time.monotonic() - started)
+        coroutine, step = self.coroutine, self.step
+        self.step = None  # the loop holds what it waits on
         while True:
             try:
                 sent = yield step
