@@ -11,8 +11,11 @@ open (the model call awaits there, so these objects survive into older generatio
 Processors: ``simple`` is the concurrency benchmark's (a ``SimpleSpanProcessor`` and a
 dropping exporter); ``batch`` is what a production exporter runs behind (a
 ``BatchSpanProcessor``, same dropping exporter). ``off`` is a ``NoOpTracerProvider``.
+``--openinference minimal,full`` measures each recording processor with both attribute
+sets (the default without the OpenInference keys Phoenix derives, and with them); each line
+also gives the attributes one pair sets.
 
-    PYTHONPATH=src:. python -m bench.spans [--pairs 20000] [--repeats 5]
+    PYTHONPATH=src:. python -m bench.spans [--pairs 20000] [--repeats 5] [--openinference full]
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NoOpTracerProvider
 
 from anabranch import ModelResponse, Usage
 from anabranch.messages import Message, TextBlock, ToolUseBlock
-from anabranch.traces import Tracing
+from anabranch.traces import OpenInference, Tracing
 from bench.common import DropExporter, noop_tracer_provider
 
 MODEL = "bench-model"
@@ -109,7 +113,19 @@ def _held_by_open_chat_span(tracing: Tracing, response: ModelResponse) -> int:
     return counts[1] - counts[0]
 
 
-def measure(processor: str, pairs: int, repeats: int) -> dict[str, Any]:
+def _attributes_per_pair(openinference: OpenInference) -> int:
+    """The attributes one pair's two spans carry (content capture off)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    one_pair(Tracing(provider, capture_content=False, openinference=openinference), _response(0))
+    provider.shutdown()
+    return sum(len(span.attributes or {}) for span in exporter.get_finished_spans())
+
+
+def measure(
+    processor: str, pairs: int, repeats: int, openinference: OpenInference = "minimal"
+) -> dict[str, Any]:
     provider: Any
     if processor == "simple":
         provider, _ = noop_tracer_provider()
@@ -118,7 +134,7 @@ def measure(processor: str, pairs: int, repeats: int) -> dict[str, Any]:
         provider.add_span_processor(BatchSpanProcessor(DropExporter(), max_queue_size=pairs * 4))
     else:
         provider = NoOpTracerProvider()
-    tracing = Tracing(provider, capture_content=False)
+    tracing = Tracing(provider, capture_content=False, openinference=openinference)
     responses = [_response(step) for step in range(9)]
     best = float("inf")
     with tracing.agent_run(
@@ -142,6 +158,8 @@ def measure(processor: str, pairs: int, repeats: int) -> dict[str, Any]:
         provider.shutdown()
     return {
         "processor": processor,
+        "openinference": openinference,
+        "attributes_per_pair": _attributes_per_pair(openinference) if processor != "off" else 0,
         "us_per_pair": round(best / pairs * 1e6, 2),
         "objects_held_by_open_chat_span": held,
     }
@@ -152,9 +170,13 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--processors", default="simple,batch,off")
+    parser.add_argument("--openinference", default="minimal", help="minimal, full or both")
     args = parser.parse_args()
+    modes: list[OpenInference] = ["minimal", "full"]
+    chosen = [m for m in modes if m in args.openinference.split(",")]
     for processor in args.processors.split(","):
-        print(json.dumps(measure(processor, args.pairs, args.repeats)))
+        for mode in chosen if processor != "off" else chosen[:1]:
+            print(json.dumps(measure(processor, args.pairs, args.repeats, mode)))
 
 
 if __name__ == "__main__":
