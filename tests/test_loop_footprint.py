@@ -41,6 +41,15 @@ def _held_by_the_loop() -> dict[str, object]:
     """What the loop's own per-call objects look like right now (after a full collection)."""
     gc.collect()
     objects = gc.get_objects()
+    model_call_coroutines = sorted(
+        o.cr_code.co_qualname
+        for o in objects
+        if isinstance(o, types.CoroutineType)
+        and o.cr_code.co_filename.endswith(
+            ("runtime/_model_calls.py", "runtime/_loop.py", "models/_retry.py")
+        )
+        and o.cr_code.co_qualname not in ("AgentRun.drive", "AgentRun._loop")
+    )
     run_methods = sorted(
         o.__func__.__name__
         for o in objects
@@ -54,6 +63,7 @@ def _held_by_the_loop() -> dict[str, object]:
         and isinstance(o.func.__self__, AgentRun)
     ]
     return {
+        "coroutines": model_call_coroutines,
         "run_methods": run_methods,
         "partials": len(partials),
         "ok_calls": sum(1 for o in objects if isinstance(o, _OkCall)),
@@ -79,13 +89,42 @@ async def test_a_model_call_in_flight_holds_no_wrapper_or_record_of_its_own(
     assert result.status == "done" and result.output == "done"
     assert len(seen) == TURNS
     for held in seen:
-        # the attempt is the one bound method of the run a call waits in
-        assert held["run_methods"] == ["_call_once"], held
+        # the turn and its attempt: no coroutine per layer (call_model, retrying, the
+        # attempt's row commit), no bound method of the run passed down as the attempt
+        assert held["coroutines"] == ["ModelCalls.request_once", "ModelCalls.take_turn"], held
+        assert held["run_methods"] == [], held
         assert held["partials"] == 0
         assert held["ok_calls"] == 0  # the previous call is kept as its row and response
         assert held["notes"] == []  # a tool turn without notes carries the shared value
     # the spend ledger is updated in place: the same records at every call
     assert all(held["spends"] == seen[0]["spends"] for held in seen)
+
+
+async def test_a_call_sends_the_runs_own_tuples_in_a_request_equal_to_the_validated_one(
+    tmp_path: Path,
+) -> None:
+    requests: list[ModelRequest] = []
+
+    async def respond(request: ModelRequest) -> list[Block]:
+        requests.append(request)
+        run = _the_run()
+        # the snapshot's blocks as the run keeps them: no validated copy of each tuple
+        assert request.system is run.system and request.tools is run.tools
+        if len(requests) < 3:
+            return [call("note", text=f"step {len(requests)}")]
+        return [TextBlock(text="done")]
+
+    agent = Agent(name="worker", model="test-model", instructions="Work.", tools=[note])
+    async with Runtime(db=tmp_path / "r.db", model=FunctionModel(respond)) as rt:
+        result = await rt.run(agent, "go")
+    assert result.status == "done" and len(requests) == 3
+    for request in requests:
+        validated = ModelRequest.model_validate(dict(request))
+        assert validated == request
+        assert validated.model_dump_json() == request.model_dump_json()
+        assert validated.fingerprint() == request.fingerprint()
+        assert validated.model_fields_set == request.model_fields_set
+        assert request.messages[-1].role == "user" and request.message_breakpoints
 
 
 class _OwnPipeline:

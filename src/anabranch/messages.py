@@ -452,12 +452,53 @@ class ModelRequest(_Frozen):
             text += f',"settings":{canonical_json(dumped)}'
         return text + "}"
 
+    @classmethod
+    def _of_valid_parts(
+        cls,
+        *,
+        model: str,
+        system: tuple[SystemBlock, ...],
+        tools: tuple[ToolDefinition, ...],
+        messages: tuple[Message, ...],
+        max_tokens: int,
+        message_breakpoints: tuple[tuple[int, CacheTTL], ...],
+        settings: ModelSettings,
+        previous_response_id: str | None,
+    ) -> ModelRequest:
+        """A request from parts that already are what validation makes of them (frozen
+        blocks, messages and settings in tuples, an ``int`` budget, ``(int, ttl)`` marks),
+        holding those very tuples: validation would copy each tuple, and a run's request
+        lives as long as its model takes to answer. Equal to the validated request."""
+        request = cls.__new__(cls)
+        setattr_ = object.__setattr__
+        setattr_(
+            request,
+            "__dict__",
+            {
+                "model": model,
+                "system": system,
+                "tools": tools,
+                "messages": messages,
+                "max_tokens": max_tokens,
+                "message_breakpoints": message_breakpoints,
+                "settings": settings,
+                "previous_response_id": previous_response_id,
+            },
+        )
+        setattr_(request, "__pydantic_fields_set__", set(_REQUEST_FIELDS))
+        setattr_(request, "__pydantic_extra__", None)
+        setattr_(request, "__pydantic_private__", None)
+        return request
+
     def breakpoint_count(self) -> int:
         return (
             sum(1 for b in self.system if b.cache)
             + sum(1 for t in self.tools if t.cache)
             + len(self.message_breakpoints)
         )
+
+
+_REQUEST_FIELDS = frozenset(ModelRequest.model_fields)
 
 
 class ModelResponse(_Frozen):

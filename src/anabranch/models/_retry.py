@@ -72,6 +72,16 @@ class RetryPolicy(BaseModel):
     def should_retry(self, attempt: int, error: ModelError) -> bool:
         return error.retryable and attempt < self.attempts_for(error)
 
+    def retry_delay(self, attempt: int, error: ModelError) -> float | None:
+        """After attempt ``attempt`` failed with ``error``: seconds to wait before the next
+        one, or ``None`` when ``error`` is to be raised (final, not retryable, or a prompt
+        that is too long: that needs a smaller request, never the same one again).
+
+        The one rule of model call retries: ``retrying``'s and the agent loop's turn's."""
+        if isinstance(error, PromptTooLongError) or not self.should_retry(attempt, error):
+            return None
+        return self.delay(attempt, error)
+
 
 async def retrying(
     policy: RetryPolicy,
@@ -84,7 +94,9 @@ async def retrying(
     retried as is (it needs a smaller request): it is raised at once, as is a final error.
 
     ``on_retry(error, delay, n)`` is told of each retry before the wait (for tracing).
-    The one retry loop of model calls: the agent loop's and the summarizer's.
+    The retry loop of model calls around one attempt (the summarizer's, a compaction
+    step's); the agent loop's turn runs the same rule (``RetryPolicy.retry_delay``) in its
+    own loop, so a call waiting for the model holds no retry coroutine of its own.
     """
     n = 0
     while True:
@@ -92,9 +104,9 @@ async def retrying(
         try:
             return await attempt(n)
         except ModelError as error:
-            if isinstance(error, PromptTooLongError) or not policy.should_retry(n, error):
+            delay = policy.retry_delay(n, error)
+            if delay is None:
                 raise
-            delay = policy.delay(n, error)
             if on_retry is not None:
                 on_retry(error, delay, n)
         await anyio.sleep(delay)

@@ -424,20 +424,6 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         self.stop = stop
         return await final_report(self, stop, self.take_turn)
 
-    async def take_turn(
-        self, *, tool_choice: str | None = None, max_tokens: int | None = None
-    ) -> ModelResponse:
-        """One model turn: the context pipeline, the call (committed), the context updated."""
-        if self.begun is None:  # else committed with the last result: the pipeline was quiet
-            async with self.events.compactions():
-                await self.pipeline_step(self.env.pipeline.before_call)
-        response = await self.call_model(tool_choice=tool_choice, max_tokens=max_tokens)
-        self.context.append(response.to_message())
-        self.turns += 1
-        self.last_usage = response.usage
-        self.appended_since_usage.clear()  # the run's own list: no new one per call
-        return response
-
     async def _checked_output(self, text: str) -> str | None:
         """The answer as validated JSON; ``None`` after sending a failed one back.
 

@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
+import anyio
+
 from anabranch.agents import Agent
 from anabranch.errors import ModelError, PromptTooLongError
 from anabranch.messages import (
@@ -27,6 +29,7 @@ from anabranch.messages import (
     ModelResponse,
     ToolDefinition,
     ToolUseBlock,
+    Usage,
 )
 from anabranch.models._base import StreamingModel
 from anabranch.models._retry import retrying
@@ -64,6 +67,8 @@ class ModelCalls:
     snapshot_version: int
     next_seq: int
     last_response_id: str | None
+    last_usage: Usage | None
+    appended_since_usage: list[Message]
     own_usage: UsageTotals | None
     """A run started here: its calls' usage, summed (see ``AgentRun``)."""
     served_model: str | None
@@ -95,73 +100,25 @@ class ModelCalls:
             self, call_id: int, call: CallRecord, response: ModelResponse
         ) -> None: ...
 
-    async def request_once(
-        self,
-        request: ModelRequest,
-        *,
-        attempt: int,
-        purpose: str | None = None,
-        call: CallRecord | None = None,
-        call_id: int = 0,
-    ) -> ModelResponse:
-        """One model call attempt, traced as its own ``chat`` span (no retry).
-
-        ``call``: the committed call row (id ``call_id``) this attempt answers; its answer
-        is committed inside the span, so what that records (the commit, a cache-break
-        event) belongs to this call.
-        """
-        env = self.env
-        with env.tracing.model_call(
-            model=request.model,
-            session_id=env.session_id,
-            agent=self.agent.name,
-            attempt=attempt,
-            compacted=self.compactions > 0,
-            messages=request.messages,
-            system=request.system,
-            purpose=purpose,
-        ) as span:
-            self.events.call_started(request, attempt, purpose)
-            try:
-                model = env.model
-                if env.events.active and isinstance(model, StreamingModel):
-                    response = await model.request_streaming(request, self.events.delta)
-                else:
-                    response = await model.request(request)
-            except ModelError as error:
-                env.tracing.model_error(span, error)
-                self.events.call_failed(attempt, purpose, error)
-                raise
-            self.events.call_finished(attempt, purpose, response)
-            await session_limits(env).charge(self, response.model or request.model, response.usage)
-            env.tracing.model_response(
-                span,
-                response_id=response.id,
-                response_model=response.model,
-                stop_reason=response.stop_reason,
-                usage=response.usage,
-                output=response.to_message(),
-            )
-            if call is not None:
-                await self._commit_response(call_id, call, request.model, response)
-            return response
-
-    def with_retries(self, attempt: Callable[[int], Awaitable[T]]) -> Awaitable[T]:
-        """``attempt(n)`` retried under the session's retry policy; each retry is traced
-        and announced as an event. (The retry loop itself, not a coroutine around it.)"""
-        return retrying(self.env.retry, attempt, on_retry=self._on_retry)
-
-    async def call_model(
+    async def take_turn(
         self, *, tool_choice: str | None = None, max_tokens: int | None = None
     ) -> ModelResponse:
-        """One model turn with retries; the call row is committed before each attempt."""
-        too_long_attempts = 0
-        attempt: Callable[[int], Awaitable[ModelResponse]] = self._call_once
-        if tool_choice is not None or max_tokens is not None:
-            attempt = partial(self._call_once, tool_choice=tool_choice, max_tokens=max_tokens)
+        """One model turn: the context pipeline, the call (committed before each attempt,
+        retried under the session's retry policy), the context updated.
+
+        The retry loop is this coroutine's own (the rule is the policy's ``retry_delay``,
+        the one ``retrying`` follows) and each attempt is ``request_once`` itself: while
+        the model answers, a turn holds two coroutines of the loop, not one per layer."""
+        if self.begun is None:  # else committed with the last result: the pipeline was quiet
+            async with self.events.compactions():
+                await self.pipeline_step(self.env.pipeline.before_call)
+        policy = self.env.retry
+        attempt = too_long_attempts = 0
         while True:
+            attempt += 1
             try:
-                return await self.with_retries(attempt)
+                response = await self._call_once(attempt, tool_choice, max_tokens)
+                break
             except PromptTooLongError as error:
                 too_long_attempts += 1
                 react = partial(
@@ -171,7 +128,19 @@ class ModelCalls:
                     outcome = await self.pipeline_step(react)
                 if not outcome.applied:
                     raise
-                # the pipeline made the request smaller: start counting attempts again
+                attempt = 0  # the pipeline made the request smaller: count attempts again
+                continue
+            except ModelError as error:
+                delay = policy.retry_delay(attempt, error)
+                if delay is None:
+                    raise
+                self._on_retry(error, delay, attempt)
+            await anyio.sleep(delay)
+        self.context.append(response.to_message())
+        self.turns += 1
+        self.last_usage = response.usage
+        self.appended_since_usage.clear()  # the run's own list: no new one per call
+        return response
 
     def begin_next_call_now(self) -> tuple[ModelRequest, CallRecord] | None:
         """The next turn's request and call row, if ``take_turn`` would build them with no
@@ -185,7 +154,32 @@ class ModelCalls:
         request = self.build_request()
         return request, self._call_row(request, 1)
 
+    def _call_once(
+        self, attempt: int, tool_choice: str | None, max_tokens: int | None
+    ) -> Awaitable[ModelResponse]:
+        """One attempt of a model turn: its request and call row, and the ``request_once``
+        that commits the row, sends and commits the outcome (returned, not awaited here)."""
+        begun, self.begun = self.begun, None
+        if begun is not None and attempt == 1 and tool_choice is None and max_tokens is None:
+            request, call, call_id = begun  # committed with the tool turn's last result
+            return self.request_once(request, attempt=attempt, call=call, call_id=call_id)
+        if not self.agent.context.system_prompt_snapshot:
+            return self._call_rebuilt(attempt, tool_choice, max_tokens)
+        request = self.build_request(tool_choice=tool_choice, max_tokens=max_tokens)
+        return self.request_once(request, attempt=attempt, call=self._call_row(request, attempt))
+
+    async def _call_rebuilt(
+        self, attempt: int, tool_choice: str | None, max_tokens: int | None
+    ) -> ModelResponse:
+        """An attempt of an agent that keeps no prompt snapshot: the prompt built again
+        (a new snapshot only if it changed), then the attempt."""
+        await self.rebuild_snapshot("rebuild")
+        request = self.build_request(tool_choice=tool_choice, max_tokens=max_tokens)
+        call = self._call_row(request, attempt)
+        return await self.request_once(request, attempt=attempt, call=call)
+
     def _call_row(self, request: ModelRequest, attempt: int) -> CallRecord:
+        """The call row committed before ``request`` is sent (the write-ahead)."""
         return CallRecord(
             run_id=self.id,
             turn=self.turns + 1,
@@ -198,27 +192,76 @@ class ModelCalls:
             settings=request.settings.cache_key(),
         )
 
-    async def _call_once(
-        self, attempt: int, *, tool_choice: str | None = None, max_tokens: int | None = None
+    async def request_once(
+        self,
+        request: ModelRequest,
+        *,
+        attempt: int,
+        purpose: str | None = None,
+        call: CallRecord | None = None,
+        call_id: int | None = None,
     ) -> ModelResponse:
-        """One attempt of a model turn: commit the call row, send, commit the outcome."""
+        """One model call attempt, traced as its own ``chat`` span (no retry).
+
+        ``call``: the call row this attempt answers. It is committed before the request
+        leaves (write-ahead; ``call_id``: it already is, under that id), its answer is
+        committed inside the span (so what that records, the commit and a cache-break
+        event, belongs to this call), and a failed attempt is committed as such after
+        the span.
+        """
         env = self.env
-        begun, self.begun = self.begun, None
-        if begun is not None and attempt == 1 and tool_choice is None and max_tokens is None:
-            request, call, call_id = begun  # committed with the tool turn's last result
-        else:
-            if not self.agent.context.system_prompt_snapshot:
-                await self.rebuild_snapshot("rebuild")
-            request = self.build_request(tool_choice=tool_choice, max_tokens=max_tokens)
-            call = self._call_row(request, attempt)
+        if call is None:
+            call_id = 0
+        elif call_id is None:
             call_id = await env.store.begin_call(call, ())
         try:
-            return await self.request_once(request, attempt=attempt, call=call, call_id=call_id)
+            with env.tracing.model_call(
+                model=request.model,
+                session_id=env.session_id,
+                agent=self.agent.name,
+                attempt=attempt,
+                compacted=self.compactions > 0,
+                messages=request.messages,
+                system=request.system,
+                purpose=purpose,
+            ) as span:
+                self.events.call_started(request, attempt, purpose)
+                try:
+                    model = env.model
+                    if env.events.active and isinstance(model, StreamingModel):
+                        response = await model.request_streaming(request, self.events.delta)
+                    else:
+                        response = await model.request(request)
+                except ModelError as error:
+                    env.tracing.model_error(span, error)
+                    self.events.call_failed(attempt, purpose, error)
+                    raise
+                self.events.call_finished(attempt, purpose, response)
+                await session_limits(env).charge(
+                    self, response.model or request.model, response.usage
+                )
+                env.tracing.model_response(
+                    span,
+                    response_id=response.id,
+                    response_model=response.model,
+                    stop_reason=response.stop_reason,
+                    usage=response.usage,
+                    output=response.to_message(),
+                )
+                if call is not None:
+                    await self._commit_response(call_id, call, request.model, response)
+                return response
         except ModelError as error:
-            await env.store.finish_call(
-                call_id, status="error", error_type=type(error).__name__, error=str(error)
-            )
+            if call is not None:
+                await env.store.finish_call(
+                    call_id, status="error", error_type=type(error).__name__, error=str(error)
+                )
             raise
+
+    def with_retries(self, attempt: Callable[[int], Awaitable[T]]) -> Awaitable[T]:
+        """``attempt(n)`` retried under the session's retry policy; each retry is traced
+        and announced as an event. (The retry loop itself, not a coroutine around it.)"""
+        return retrying(self.env.retry, attempt, on_retry=self._on_retry)
 
     async def _commit_response(
         self, call_id: int, call: CallRecord, model: str, response: ModelResponse

@@ -126,7 +126,7 @@ def run_request(
             ttl=policy.cache_ttl if policy.cache_breakpoints else None,
             prefix_ttl=policy.prefix_cache_ttl,
         )
-    return ModelRequest(
+    return ModelRequest._of_valid_parts(  # the run's tuples as they are: no copies
         model=agent.model,
         system=system,
         tools=tools,
