@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
+import pydantic
 import pytest
 
 from anabranch import Agent, Runtime, tool
@@ -16,6 +18,7 @@ from anabranch.messages import ModelRequest, TextBlock, ToolUseBlock
 from anabranch.runtime._builtins import ToolOutcome
 from anabranch.runtime._context_view import ContextChange, ContextView, Ingested
 from anabranch.runtime._pipeline import PassThroughPipeline, plain_twin
+from anabranch.store import SQLiteStore
 from anabranch.testing import FunctionModel
 
 pytestmark = pytest.mark.anyio
@@ -109,3 +112,74 @@ async def test_a_quiet_pipeline_commits_each_next_call_with_the_last_result(
         (3, "ok", 5),
         (4, "ok", 7),
     ]
+
+
+class _QuietAwaitingIngest(_Quiet):
+    """Its ``ingest`` awaits (no ``ingest_now``): results go the usual way, each alone."""
+
+    async def ingest(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
+        await anyio.lowlevel.checkpoint()
+        return Ingested(outcome)
+
+
+async def _traced(db: Path) -> tuple[SQLiteStore, list[list[str]]]:
+    """A store whose committed transactions are logged, each as its statements."""
+    store = await SQLiteStore.open(db)
+    transactions: list[list[str]] = [[]]
+
+    def trace(statement: str) -> None:
+        if statement.strip().upper().startswith("COMMIT"):
+            transactions.append([])
+        else:
+            transactions[-1].append(statement)
+
+    store._sql._conn.set_trace_callback(trace)
+    return store, transactions
+
+
+def _holding(transactions: list[list[str]], *inserts: str) -> list[list[str]]:
+    return [t for t in transactions if all(any(i in s for s in t) for i in inserts)]
+
+
+async def test_a_results_message_built_with_awaits_commits_with_the_next_call(
+    tmp_path: Path,
+) -> None:
+    store, transactions = await _traced(tmp_path / "db")
+    agent = Agent(name="a", tools=[step])
+    with anyio.fail_after(20):
+        async with Runtime(store=store, model=_steps(2), pipeline=_QuietAwaitingIngest()) as rt:
+            result = await rt.run(agent, "go")
+    await store.close()
+    assert result.output == "done"
+    # each result alone (committed as it finished), then its results message with the
+    # next call's row (write-ahead: before that call is sent)
+    finished = "'finished'"
+    results = [t for t in _holding(transactions, "INSERT INTO tool_events") if finished in str(t)]
+    assert len(results) == 2
+    statements = [s for t in results for s in t]
+    assert not any("INSERT INTO messages" in s or "INSERT INTO calls" in s for s in statements)
+    assert len(_holding(transactions, "INSERT INTO messages", "INSERT INTO calls")) == 2
+
+
+@pytest.mark.parametrize("output_type", [None, "json"])
+async def test_an_answer_commits_with_its_run_end(tmp_path: Path, output_type: str | None) -> None:
+    class Answer(pydantic.BaseModel):
+        text: str
+
+    def answer(request: ModelRequest) -> str:
+        return '{"text": "done"}'
+
+    store, transactions = await _traced(tmp_path / "db")
+    agent = Agent(name="a", output_type=Answer if output_type else None)
+    with anyio.fail_after(20):
+        async with Runtime(store=store, model=FunctionModel(answer)) as rt:
+            result = await rt.run(agent, "go")
+            run = await store.get_run(result.run_id or "")
+    await store.close()
+    assert run is not None and run.status == "done"
+    ends = _holding(transactions, "INSERT INTO run_ends")
+    assert len(ends) == 1
+    with_answer = any("INSERT INTO call_outcomes" in s for s in ends[0])
+    # an answer taken as it is ends the run in its own transaction; one to validate first
+    # ends it once validated, as before
+    assert with_answer == (output_type is None)

@@ -102,6 +102,39 @@ async def test_a_call_outcome_commits_with_its_message_and_tool_events(store: St
     assert usage == {"input_tokens": 7, "output_tokens": 3}
 
 
+async def test_an_answer_commits_with_its_run_end(backend: Backend) -> None:
+    store = await backend.open()
+    await add_session(store)
+    await add_run(store)
+    call_id = await store.begin_call(_call(1, 1), [_message(0)])
+    before = backend.commits()
+    await store.finish_call(
+        call_id,
+        status="ok",
+        message=_message(1, role="assistant", text="the answer"),
+        run_output="the answer",
+    )
+    assert backend.commits() - before == 1  # the outcome, the message and the run's end
+    run = await (await backend.open()).get_run("run_1")
+    assert run is not None
+    assert (run.status, run.output, run.error) == ("done", "the answer", None)
+    assert run.finished is not None
+
+
+async def test_a_failing_answer_leaves_the_run_running(store: Store) -> None:
+    await add_session(store)
+    await add_run(store)
+    call_id = await store.begin_call(_call(1, 1), [_message(0)])
+    with pytest.raises(StoreError):  # seq 0 is taken: the whole transaction fails
+        await store.finish_call(
+            call_id, status="ok", message=_message(0, role="assistant"), run_output="hi"
+        )
+    run = await store.get_run("run_1")
+    assert run is not None and run.status == "running"
+    (call,) = await store.list_calls("run_1")
+    assert call.status is None
+
+
 async def test_a_finished_tool_event_is_read_back_whole(store: Store) -> None:
     await add_session(store)
     await add_run(store)

@@ -411,7 +411,8 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
                     if checked is None:
                         continue  # sent back with its validation errors
                     output = checked
-                await self.env.store.finish_run(self.id, "done", output=output)
+                if not self.ended_with_answer:  # else committed with the answer's call
+                    await self.env.store.finish_run(self.id, "done", output=output)
                 return output
             if not limits_checked:
                 stop = await limits.check(self)

@@ -38,7 +38,7 @@ from anabranch.runtime._environment import Environment
 from anabranch.runtime._history import message_json, usage_json
 from anabranch.runtime._pipeline import plain_twin
 from anabranch.runtime._run_events import RunEvents
-from anabranch.runtime._run_limits import session_limits
+from anabranch.runtime._run_limits import LimitStop, session_limits
 from anabranch.runtime._session_view import UsageTotals
 from anabranch.store import CallRecord, MessageRecord, RunRecord, ToolEventRecord
 
@@ -75,6 +75,9 @@ class ModelCalls:
     _fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None
     _on_retry: RetryNotice
     """``events.retry_scheduled``, bound once per run (not once per call)."""
+    stop: LimitStop | None
+    ended_with_answer: bool = False
+    """The latest answer's call committed the run's end (``done``, its text as output)."""
     begun: tuple[ModelRequest, CallRecord, int] | None = None
     """The next call's request and its row (by id), committed with the tool turn's last
     result (``begin_next_call_now``): its first attempt sends exactly that request."""
@@ -270,6 +273,9 @@ class ModelCalls:
         of the tools it asks for) in one transaction, inside the call's span."""
         message = response.to_message()
         started = self._started_events(message.tool_uses)
+        # an answer the loop takes as it is ends the run: its end commits with it
+        ends = not message.tool_uses and self.agent.output_type is None and self.stop is None
+        ends = ends and "after_response" not in self.env.extras  # (a hook may still fail it)
         await self.env.store.finish_call(
             call_id,
             status="ok",
@@ -285,7 +291,9 @@ class ModelCalls:
             stop_reason=response.stop_reason,
             usage=usage_json(response.usage),
             tool_events=started,
+            run_output=message.text if ends else None,
         )
+        self.ended_with_answer = ends
         self.next_seq += 1
         if self.own_usage is not None:
             self.own_usage.add(response.usage)

@@ -201,7 +201,16 @@ class ToolCalls:
                 await self.env.store.save_spill(spill.handle, self.id, spill.call_id, spill.content)
             results.append(self._entering(use, outcomes[use.id], ingested.outcome))
         notes = await limits.next_turn(self)
-        await self.append(Message(role="user", content=(*results, *notes.blocks)))
+        message = Message(role="user", content=(*results, *notes.blocks))
+        next_call = self._next_call_after(message) if notes.stop is None else None
+        if next_call is None:
+            await self.append(message)
+            return notes
+        # every result is committed: the message goes with the next call's row
+        records = self.message_records([message])
+        call_id = await self.env.store.begin_call(next_call[1], records)
+        self.appended(message)
+        self.begun = (*next_call, call_id)
         return notes
 
     def _committed(

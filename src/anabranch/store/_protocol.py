@@ -126,9 +126,12 @@ class Store(Protocol):
         stop_reason: str | None = None,
         usage: str | None = None,
         tool_events: Sequence[ToolEventRecord] = (),
+        run_output: str | None = None,
     ) -> None:
         """Commit the call's outcome (and the assistant message, and the ``started`` events
-        of the tool calls it asks for) in one transaction."""
+        of the tool calls it asks for) in one transaction. ``run_output`` (with
+        ``message``): the answer that ends its run, ``done`` as ``finish_run`` records it,
+        in that transaction too."""
         ...
 
     async def close_interrupted_calls(self, run_id: str) -> list[CallRecord]:

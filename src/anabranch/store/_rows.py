@@ -14,7 +14,15 @@ from anabranch.store._records import (
     ToolEventRecord,
 )
 
-__all__ = ["call_row", "message_row", "run_row", "snapshot_row", "spill_row", "tool_event_row"]
+__all__ = [
+    "call_row",
+    "message_row",
+    "run_end_row",
+    "run_row",
+    "snapshot_row",
+    "spill_row",
+    "tool_event_row",
+]
 
 
 def message_row(message: MessageRecord) -> dict[str, Any]:
@@ -25,6 +33,19 @@ def message_row(message: MessageRecord) -> dict[str, Any]:
         "content": message.content,
         "kind": message.kind,
         "created": message.created or time.time(),
+    }
+
+
+def run_end_row(
+    run_id: str, output: str | None, status: str = "done", error: str | None = None
+) -> dict[str, Any]:
+    """A run's end (``finish_run``'s row, or an answer's committed with its call)."""
+    return {
+        "run_id": run_id,
+        "status": status,
+        "output": output,
+        "error": error,
+        "finished": time.time(),
     }
 
 

@@ -41,6 +41,7 @@ from anabranch.store._records import (
 from anabranch.store._rows import (
     call_row,
     message_row,
+    run_end_row,
     run_row,
     snapshot_row,
     spill_row,
@@ -347,13 +348,7 @@ class PostgresStore(Reads):
     async def finish_run(
         self, run_id: str, status: RunStatus, *, output: str | None = None, error: str | None = None
     ) -> None:
-        values = {
-            "run_id": run_id,
-            "status": status,
-            "output": output,
-            "error": error,
-            "finished": time.time(),
-        }
+        values = run_end_row(run_id, output, status, error)
         await self._write(lambda tx: insert(tx, "run_ends", values), run=run_id)
 
     # ----------------------------------------------------------------- messages & calls
@@ -422,11 +417,16 @@ class PostgresStore(Reads):
         stop_reason: str | None = None,
         usage: str | None = None,
         tool_events: Sequence[ToolEventRecord] = (),
+        run_output: str | None = None,
     ) -> None:
         """Commit the call's outcome (and the assistant message, and the ``started`` events
-        of the tool calls it asks for) in one transaction."""
+        of the tool calls it asks for; with ``run_output`` the run's end) in one
+        transaction."""
         message_values = [message_row(message)] if message else []
         events = [tool_event_row(e) for e in tool_events]
+        end = None
+        if message is not None and run_output is not None:  # the answer ends its run
+            end = run_end_row(message.run_id, run_output)
         outcome = {
             "call_id": call_id,
             "status": status,
@@ -445,6 +445,8 @@ class PostgresStore(Reads):
             insert(tx, "call_outcomes", outcome)
             for event in events:
                 insert(tx, "tool_events", event)
+            if end is not None:
+                insert(tx, "run_ends", end)
 
         await self._write(write, call=call_id)
         self._call_runs.pop(call_id, None)

@@ -20,7 +20,7 @@ from anabranch.store._records import (
     SpillRecord,
     ToolEventRecord,
 )
-from anabranch.store._rows import spill_row
+from anabranch.store._rows import run_end_row, spill_row
 from anabranch.store.sqlite._blobs import dehydrate
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._rows import (
@@ -123,11 +123,16 @@ class SQLiteHistory:
         stop_reason: str | None = None,
         usage: str | None = None,
         tool_events: Sequence[ToolEventRecord] = (),
+        run_output: str | None = None,
     ) -> None:
         """Commit the call's outcome (and the assistant message, and the ``started`` events
-        of the tool calls it asks for) in one transaction."""
+        of the tool calls it asks for; with ``run_output`` the run's end) in one
+        transaction."""
         message_values = message_row(message) if message else None
         events = [tool_event_row(e) for e in tool_events]
+        end = None
+        if message is not None and run_output is not None:  # the answer ends its run
+            end = run_end_row(message.run_id, run_output)
         outcome = {
             "call_id": call_id,
             "status": status,
@@ -147,6 +152,8 @@ class SQLiteHistory:
             insert(conn, "call_outcomes", outcome)
             for event in events:
                 insert(conn, "tool_events", event)
+            if end is not None:
+                insert(conn, "run_ends", end)
 
         await self._sql.write(write)
 

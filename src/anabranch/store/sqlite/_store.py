@@ -27,7 +27,7 @@ from anabranch.store._records import (
     SessionRecord,
     SnapshotRecord,
 )
-from anabranch.store._rows import run_row
+from anabranch.store._rows import run_end_row, run_row
 from anabranch.store.sqlite._budgets import SQLiteBudgets
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._history import SQLiteHistory
@@ -316,13 +316,7 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
         output: str | None = None,
         error: str | None = None,
     ) -> None:
-        values = {
-            "run_id": run_id,
-            "status": status,
-            "output": output,
-            "error": error,
-            "finished": time.time(),
-        }
+        values = run_end_row(run_id, output, status, error)
         await self._sql.write(lambda conn: insert(conn, "run_ends", values))
 
     async def get_run(self, run_id: str) -> RunRecord | None:
