@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import fields
 from typing import Any, Literal
 
@@ -84,16 +84,18 @@ class SQLiteHistory:
 
         await self._sql.write(write)
 
-    async def begin_call(
+    def begin_call(
         self,
         call: CallRecord,
         messages: Sequence[MessageRecord],
         *,
         tool_event: ToolEventRecord | None = None,
         spills: Sequence[SpillRecord] = (),
-    ) -> int:
+    ) -> Coroutine[Any, Any, int]:
         """Commit pending messages and the call row together, before the request is sent
-        (after ``tool_event`` and ``spills``, if given: see the protocol)."""
+        (after ``tool_event`` and ``spills``, if given: see the protocol). (A plain
+        function returning the group commit's coroutine, as ``finish_call`` and
+        ``record_tool_event``: a write in flight holds no frame of the store's.)"""
         event = tool_event_row(tool_event) if tool_event is not None else None
         spill_values = [spill_row(s) for s in spills]
         values = [message_row(m) for m in messages]
@@ -108,9 +110,9 @@ class SQLiteHistory:
                 insert(conn, "messages", value)
             return insert(conn, "calls", values_of_call)
 
-        return await self._sql.write(write)
+        return self._sql.write(write)
 
-    async def finish_call(
+    def finish_call(
         self,
         call_id: int,
         *,
@@ -124,7 +126,7 @@ class SQLiteHistory:
         usage: str | None = None,
         tool_events: Sequence[ToolEventRecord] = (),
         run_output: str | None = None,
-    ) -> None:
+    ) -> Coroutine[Any, Any, None]:
         """Commit the call's outcome (and the assistant message, and the ``started`` events
         of the tool calls it asks for; with ``run_output`` the run's end) in one
         transaction."""
@@ -155,7 +157,7 @@ class SQLiteHistory:
             if end is not None:
                 insert(conn, "run_ends", end)
 
-        await self._sql.write(write)
+        return self._sql.write(write)
 
     async def close_interrupted_calls(self, run_id: str) -> list[CallRecord]:
         """Record an ``interrupted`` outcome for every call of the run still in flight.
@@ -298,18 +300,15 @@ class SQLiteHistory:
         return [call_record(row) for row in rows]
 
     # ----------------------------------------------------------------- tools
-    async def record_tool_event(
+    def record_tool_event(
         self,
         event: ToolEventRecord,
         *,
         spills: Sequence[SpillRecord] = (),
         messages: Sequence[MessageRecord] = (),
-    ) -> None:
+    ) -> Coroutine[Any, Any, None]:
         """Commit a tool event, then ``spills`` and ``messages``, in one transaction."""
         values = tool_event_row(event)
-        if not spills and not messages:
-            await self._sql.write(lambda conn: insert(conn, "tool_events", values))
-            return
         spill_values = [spill_row(s) for s in spills]
         message_values = [message_row(m) for m in messages]
 
@@ -320,7 +319,7 @@ class SQLiteHistory:
             for value in message_values:
                 insert(conn, "messages", value)
 
-        await self._sql.write(write)
+        return self._sql.write(write)
 
     async def tool_events(self, run_id: str, call_ids: Sequence[str]) -> list[ToolEventRecord]:
         if not call_ids:
