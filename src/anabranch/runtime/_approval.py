@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 from opentelemetry import trace
@@ -39,6 +40,7 @@ class GatedRun(RunView, Protocol):
 __all__ = [
     "APPROVAL_DECIDED",
     "APPROVAL_REQUESTED",
+    "NO_APPROVALS",
     "ApprovalGate",
     "PendingApproval",
     "decide",
@@ -67,32 +69,35 @@ def denial_text(reason: str) -> str:
     return f"The user denied this tool call; it was not run. Reason: {reason or 'none given'}"
 
 
-@dataclass(slots=True)
-class ApprovalGate:
-    """What the approvals say about one turn's calls (one object while nothing waits: it
-    lives while the turn's calls run)."""
+_NONE_DENIED: Mapping[str, ToolOutcome] = MappingProxyType({})
 
-    denied: dict[str, ToolOutcome] = field(default_factory=dict)
+
+@dataclass(frozen=True, slots=True)
+class ApprovalGate:
+    """What the approvals say about one turn's calls (``NO_APPROVALS`` when none needs one)."""
+
+    denied: Mapping[str, ToolOutcome] = field(default_factory=lambda: _NONE_DENIED)
     waiting: Sequence[ToolUseBlock] = ()
-    nested: tuple[ApprovalPendingError, ...] = ()
-    """Sub-agents (run by this turn's calls) that stopped to wait for approval."""
 
     def held(self, use: ToolUseBlock) -> bool:
         return use.id in self.denied or any(w.id == use.id for w in self.waiting)
 
-    def keep(self, pending: ApprovalPendingError) -> None:
-        """A call's sub-agent stopped to wait for approval: kept (sibling calls finish)."""
-        self.nested = (*self.nested, pending)
-
-    def raise_if_waiting(self, run: GatedRun) -> None:
-        """After the turn's other calls finished: stop the run if anything waits."""
+    def raise_if_waiting(
+        self, run: GatedRun, nested: Sequence[ApprovalPendingError] = ()
+    ) -> None:
+        """After the turn's other calls finished: stop the run if anything waits, here or
+        in ``nested`` (sub-agents the turn's calls ran that stopped to wait)."""
         calls = [(run.id, use.id, use.name) for use in self.waiting]
-        for pending in self.nested:
+        for pending in nested:
             calls.extend(pending.calls)
         if calls:
             error = ApprovalPendingError(calls)
             error.session_id = run.session_id
             raise error
+
+
+NO_APPROVALS: Final = ApprovalGate()
+"""The gate of a turn none of whose calls needs approval (shared: a gate never changes)."""
 
 
 async def gate_calls(
@@ -105,9 +110,9 @@ async def gate_calls(
     """
     asking = [use for use in todo if needs_approval(run.agent.tool(use.name), use)]
     if not asking:
-        return ApprovalGate()
+        return NO_APPROVALS
+    denied: dict[str, ToolOutcome] = {}
     waiting: list[ToolUseBlock] = []
-    gate = ApprovalGate(waiting=waiting)
     events = list(known) if known is not None else []
     requested = {e.call_id for e in events if e.event == APPROVAL_REQUESTED}
     decided = {e.call_id: e for e in events if e.event == APPROVAL_DECIDED}
@@ -128,7 +133,7 @@ async def gate_calls(
                         is_error=True,
                     )
                 )
-                gate.denied[use.id] = outcome
+                denied[use.id] = outcome
             continue
         waiting.append(use)
         if use.id in requested:
@@ -149,7 +154,7 @@ async def gate_calls(
             "anabranch.approval_requested",
             {"gen_ai.tool.call.id": use.id, "gen_ai.tool.name": use.name},
         )
-    return gate
+    return ApprovalGate(denied, waiting)
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ class _Turn:
     """One tool turn's calls while they run: their outcomes so far (each one's ``finished``
     event committed), and the notes of the user turn once it is committed."""
 
-    __slots__ = ("closed", "gate", "marked", "outcomes", "shield", "started", "uses")
+    __slots__ = ("closed", "gate", "marked", "nested", "outcomes", "shield", "started", "uses")
 
     def __init__(
         self,
@@ -90,6 +90,8 @@ class _Turn:
         """A time limit may cancel the calls: the last one's commit is shielded."""
         self.closed: TurnNotes | None = None
         """Set once the user turn is committed (with the last result)."""
+        self.nested: tuple[ApprovalPendingError, ...] = ()
+        """Sub-agents (run by this turn's calls) that stopped to wait for approval."""
 
 
 class ToolCalls:
@@ -191,7 +193,7 @@ class ToolCalls:
                 outcomes[use.id] = outcome
         if turn.closed is not None:  # committed with the last result
             return turn.closed
-        gate.raise_if_waiting(self.as_view())
+        gate.raise_if_waiting(self.as_view(), turn.nested)
         # every outcome is a committed finished event's now (loaded, run, denied, cut off)
         self.committed_results = self._committed(uses, outcomes)
         results = []
@@ -274,7 +276,7 @@ class ToolCalls:
             turn.outcomes[use.id] = outcome
             self.events.tool_finished(use, outcome)
         except ApprovalPendingError as pending:  # a sub-agent waits: this run pauses too
-            turn.gate.keep(pending)  # and sibling calls finish
+            turn.nested = (*turn.nested, pending)  # and sibling calls finish
 
     def _closing(
         self, use: ToolUseBlock, outcome: ToolOutcome, turn: _Turn
@@ -287,7 +289,7 @@ class ToolCalls:
         built now: that call's request and row last). None: the event is committed alone."""
         ingest_now: IngestNow | None = plain_twin(self.env.pipeline, "ingest", "ingest_now")
         limits, gate = session_limits(self.env), turn.gate
-        if ingest_now is None or limits.reads_ledger or gate.waiting or gate.nested:
+        if ingest_now is None or limits.reads_ledger or gate.waiting or turn.nested:
             return None
         for other in turn.uses:
             if other.id not in turn.outcomes and other is not use:
