@@ -9,7 +9,7 @@ import pydantic
 import pytest
 from pydantic import Field
 
-from anabranch import Tool, tool
+from anabranch import Agent, Tool, tool
 from anabranch.messages import ToolUseBlock
 from anabranch.runtime._tool_exec import run_user_tool
 
@@ -87,6 +87,16 @@ def test_arguments_are_what_pydantic_makes_of_them(
         assert isinstance(got, dict)
         assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in expected.items()}
         assert list(got) == list(expected)
+
+
+def test_a_deep_copied_tool_still_requires_its_arguments() -> None:
+    """``Agent.model_copy(deep=True)`` copies its tools and what they cached."""
+    assert plain.validate_arguments({"text": "x"})["text"] == "x"  # fields cached
+    agent = Agent(name="a", instructions="i", tools=[plain]).model_copy(deep=True)
+    copied = agent.tool("plain")
+    assert copied is not None and copied is not plain
+    assert _by_tool(copied, {}) == _by_pydantic(plain, {})
+    assert _by_tool(copied, {"text": "x"}) == _by_pydantic(plain, {"text": "x"})
 
 
 def test_only_plain_schemas_skip_pydantic() -> None:

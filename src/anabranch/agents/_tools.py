@@ -120,9 +120,10 @@ class Tool:
         return _plain_fields(self.args_model)
 
 
-_PlainField = tuple[str, tuple[type, ...], Any]
-"""A field's name, the exact types taken unchanged, and its default (``_REQUIRED``: none)."""
-_REQUIRED: Any = object()
+_PlainField = tuple[str, tuple[type, ...], bool, Any]
+"""A field's name, the exact types taken unchanged, whether it is required, its default
+(no sentinel in it: a deep copy of the tool copies the cached fields too)."""
+_MISSING: Any = object()
 _SCALARS = (str, int, float, bool)
 _PLAIN_CONFIG = {"extra", "arbitrary_types_allowed"}
 """Config keys that change nothing for a plain scalar (``_build_tool`` sets both)."""
@@ -156,13 +157,10 @@ def _plain_fields(model: type[BaseModel]) -> tuple[_PlainField, ...] | None:
             return None
         if info.metadata or info.alias or info.validation_alias or info.default_factory:
             return None
-        if info.is_required():
-            default = _REQUIRED
-        elif info.default is None or type(info.default) in _SCALARS:
-            default = info.default
-        else:
+        required = info.is_required()
+        if not required and info.default is not None and type(info.default) not in _SCALARS:
             return None
-        fields.append((name, exact, default))
+        fields.append((name, exact, required, None if required else info.default))
     return tuple(fields)
 
 
@@ -173,10 +171,10 @@ def _take_plain(
     unknown or missing; None otherwise (validation decides)."""
     kwargs: dict[str, Any] = {}
     given = 0
-    for name, exact, default in fields:
-        value = arguments.get(name, _REQUIRED)
-        if value is _REQUIRED:
-            if default is _REQUIRED:
+    for name, exact, required, default in fields:
+        value = arguments.get(name, _MISSING)
+        if value is _MISSING:
+            if required:
                 return None
             kwargs[name] = default
         elif type(value) in exact:
