@@ -231,7 +231,7 @@ def test_interleaved_runs_extend_their_own_prefix_and_match_the_definition() -> 
             assert request.fingerprint() == _by_definition(request)
     first = runs[0][0]
     kept = first.__dict__[messages_module._PREFIX]
-    assert kept[1] == tuple(runs[0][1:])  # run 0's prefix extended call by call
+    assert kept == tuple(runs[0][1:])  # run 0's prefix extended call by call
 
 
 def test_a_changed_context_is_hashed_from_the_start() -> None:

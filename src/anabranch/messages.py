@@ -293,9 +293,12 @@ def _prompt_state(
     )
 
 
+_PREFIX_HEAD = "_anabranch_prefix_head"
 _PREFIX = "_anabranch_prefix"
-"""Kept in the first message's ``__dict__``: (its digest, the messages that followed it in
-the latest request that began with it, the hash state after all of them)."""
+_PREFIX_STATE = "_anabranch_prefix_state"
+"""Kept in the first message's ``__dict__`` (three entries, not a record per call): its
+digest, the messages that followed it in the latest request that began with it, the hash
+state after all of them."""
 _EMPTY_HASH = hashlib.sha256().digest()
 
 
@@ -317,21 +320,21 @@ def _messages_hash(messages: tuple[Message, ...]) -> bytes:
         return _EMPTY_HASH
     first = messages[0]
     head = message_digest(first)
-    kept = first.__dict__.get(_PREFIX)
-    if kept is not None and kept[0] == head:
-        rest: tuple[Message, ...] = kept[1]
+    kept = first.__dict__
+    rest: tuple[Message, ...] | None = kept.get(_PREFIX)
+    if rest is not None and kept.get(_PREFIX_HEAD) == head:
         size = len(rest) + 1
         if size <= len(messages) and messages[1:size] == rest:
             if size == len(messages):
-                done: bytes = kept[2].digest()
+                done: bytes = kept[_PREFIX_STATE].digest()
                 return done
-            state: hashlib._Hash = kept[2].copy()  # never updated in place: shared
+            state: hashlib._Hash = kept[_PREFIX_STATE].copy()  # never updated in place
             state.update(_messages_digest(messages[size:]))
-            first.__dict__[_PREFIX] = (head, messages[1:], state)
+            kept[_PREFIX_HEAD], kept[_PREFIX], kept[_PREFIX_STATE] = head, messages[1:], state
             return state.digest()
     state = hashlib.sha256(head)  # the digests' hash: sha256(head + digests of the rest)
     state.update(_messages_digest(messages[1:]))
-    first.__dict__[_PREFIX] = (head, messages[1:], state)
+    kept[_PREFIX_HEAD], kept[_PREFIX], kept[_PREFIX_STATE] = head, messages[1:], state
     return state.digest()
 
 
@@ -485,7 +488,9 @@ class ModelRequest(_Frozen):
                 "previous_response_id": previous_response_id,
             },
         )
-        setattr_(request, "__pydantic_fields_set__", set(_REQUEST_FIELDS))
+        # every field is set; one set shared by these requests (pydantic copies it for a
+        # ``model_copy``, a frozen model never updates its own)
+        setattr_(request, "__pydantic_fields_set__", _REQUEST_FIELDS)
         setattr_(request, "__pydantic_extra__", None)
         setattr_(request, "__pydantic_private__", None)
         return request
@@ -498,7 +503,7 @@ class ModelRequest(_Frozen):
         )
 
 
-_REQUEST_FIELDS = frozenset(ModelRequest.model_fields)
+_REQUEST_FIELDS = set(ModelRequest.model_fields)
 
 
 class ModelResponse(_Frozen):
