@@ -99,6 +99,18 @@ def test_a_deep_copied_tool_still_requires_its_arguments() -> None:
     assert _by_tool(copied, {"text": "x"}) == _by_pydantic(plain, {"text": "x"})
 
 
+def test_a_default_pydantic_validates_is_validated() -> None:
+    class Defaulted(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        count: int = Field("3", validate_default=True)
+
+    defaulted = Tool(
+        name="d", description="d", function=plain.function, input_schema={}, args_model=Defaulted
+    )
+    assert defaulted._plain_fields is None
+    assert defaulted.validate_arguments({}) == {"count": 3}
+
+
 def test_only_plain_schemas_skip_pydantic() -> None:
     assert plain._plain_fields is not None
     assert constrained._plain_fields is None

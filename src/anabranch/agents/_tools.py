@@ -157,6 +157,8 @@ def _plain_fields(model: type[BaseModel]) -> tuple[_PlainField, ...] | None:
             return None
         if info.metadata or info.alias or info.validation_alias or info.default_factory:
             return None
+        if info.validate_default:  # a default that validation may change
+            return None
         required = info.is_required()
         if not required and info.default is not None and type(info.default) not in _SCALARS:
             return None
