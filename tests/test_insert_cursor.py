@@ -53,3 +53,19 @@ def test_a_plain_connection_still_inserts(tmp_path: Path) -> None:
         assert [insert(conn, "notes", {"text": t}) for t in ("a", "b")] == [1, 2]
     finally:
         conn.close()
+
+
+def test_rows_of_one_table_with_other_columns_each_get_their_own_statement(
+    tmp_path: Path,
+) -> None:
+    """Statements are kept by table and columns: a row with fewer (or other) columns is
+    inserted with its own, never with another shape's."""
+    conn = open_connection(tmp_path / "db", create=True, synchronous="NORMAL")
+    conn.execute("CREATE TABLE pairs (id INTEGER PRIMARY KEY, a TEXT, b TEXT)")
+    insert(conn, "pairs", {"a": "x", "b": "y"})
+    insert(conn, "pairs", {"a": "only a"})
+    insert(conn, "pairs", {"b": "only b"})
+    insert(conn, "pairs", {"b": "b first", "a": "a second"})
+    rows = conn.execute("SELECT a, b FROM pairs ORDER BY id").fetchall()
+    conn.close()
+    assert rows == [("x", "y"), ("only a", None), (None, "only b"), ("a second", "b first")]

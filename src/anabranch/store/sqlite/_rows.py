@@ -95,16 +95,27 @@ class StoreConnection(sqlite3.Connection):
         return self._insert_cursor
 
 
+_INSERTS: dict[tuple[str, ...], str] = {}
+"""Each ``INSERT`` statement by its table and columns (the row dicts' keys are the code's,
+a few dozen shapes): built once, not joined again for every row."""
+
+
+def _insert_sql(key: tuple[str, ...]) -> str:
+    table, *columns = key
+    sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    if len(_INSERTS) < 512:
+        _INSERTS[key] = sql
+    return sql
+
+
 def insert(conn: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
     """Insert one row; its rowid. Image and document payloads go to ``blobs`` (once)."""
     if table in BLOB_COLUMNS:
         values = dehydrate(conn, table, values)
-    columns = ", ".join(values)
-    marks = ", ".join("?" for _ in values)
+    key = (table, *values)
+    sql = _INSERTS.get(key) or _insert_sql(key)
     runner = conn.insert_cursor() if isinstance(conn, StoreConnection) else conn
-    cursor = runner.execute(
-        f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(values.values())
-    )
+    cursor = runner.execute(sql, tuple(values.values()))
     return int(cursor.lastrowid or 0)
 
 
