@@ -3,8 +3,8 @@
 anabranch has no multi-turn chat API yet (a run ends at the model's final answer). The
 benchmarks hold a conversation the way such an API would: append the next user message to
 the same run and drive it again. ``ChatStore`` drops the per-answer "run finished" row
-that ``AgentRun.drive`` writes, so a long conversation stays one run; it is written once
-at the end.
+that ``AgentRun.drive`` writes (alone, or with the answer's call), so a long conversation
+stays one run; it is written once at the end.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def _user_turn_index(request: ModelRequest) -> int:
 
 
 class ChatStore:
-    """A view of the store that skips ``finish_run`` (see the module docstring)."""
+    """A view of the store that skips the run's end: ``finish_run``, and the end an
+    answer's ``finish_call`` carries (see the module docstring)."""
 
     def __init__(self, store: SQLiteStore) -> None:
         self._store = store
@@ -95,6 +96,10 @@ class ChatStore:
 
     async def finish_run(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+    async def finish_call(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.pop("run_output", None)  # an answer's run end goes with its call: dropped too
+        await self._store.finish_call(*args, **kwargs)
 
 
 async def new_session(rt: Runtime, agent: Agent, task: str) -> Environment:
