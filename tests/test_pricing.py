@@ -70,3 +70,50 @@ def test_overrides_from_mapping_and_json(tmp_path: Path) -> None:
 def test_bad_prices_are_rejected(bad: str) -> None:
     with pytest.raises(pydantic.ValidationError):
         PriceTable.from_json(bad)
+
+
+_USAGES = [
+    Usage(),
+    Usage(input_tokens=1234, output_tokens=567),
+    Usage(input_tokens=7, cache_read_input_tokens=90_001, cache_creation_input_tokens=3_333),
+    Usage(
+        input_tokens=11,
+        output_tokens=13,
+        cache_read_input_tokens=17,
+        cache_creation_input_tokens=1_000_019,
+        cache_creation_5m_input_tokens=23,
+        cache_creation_1h_input_tokens=1_000_000,
+    ),
+]
+_MODELS = [
+    "claude-sonnet-4-5",
+    "claude-sonnet-4-5-20250929",
+    "claude-3-haiku-20240307",
+    "us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+    "global.anthropic.claude-opus-4-1-v1:0",
+    "bench-model",
+]
+
+
+@pytest.mark.parametrize("model", _MODELS)
+def test_cost_usd_is_the_cost_total_and_resolving_once_changes_nothing(model: str) -> None:
+    """What is charged per call (``cost_usd``, its price resolved once per model id) is the
+    very float ``cost().total`` gives, on the first call and every later one, and the
+    same a fresh table resolves."""
+    table = PriceTable()
+    for _ in range(3):
+        for usage in _USAGES:
+            fresh = PriceTable().cost(model, usage)
+            assert table.cost(model, usage) == fresh
+            assert table.cost_usd(model, usage) == (fresh.total if fresh is not None else None)
+    assert table.price(model) == PriceTable().price(model)
+
+
+def test_a_table_cannot_change_under_its_resolved_prices() -> None:
+    table = PriceTable({"m": ModelPrice(input=1, output=5)})
+    assert table.price("m-20250101") is not None
+    with pytest.raises(TypeError):
+        table.prices["m-2"] = ModelPrice(input=2, output=2)  # type: ignore[index]
+    changed = table.with_prices({"m": {"input": 2, "output": 10}})
+    assert changed.price("m-20250101") == ModelPrice(input=2, output=10)
+    assert table.price("m-20250101") == ModelPrice(input=1, output=5)

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -35,6 +36,9 @@ CACHE_WRITE_5M_MULTIPLIER = 1.25
 CACHE_WRITE_1H_MULTIPLIER = 2.0
 CACHE_READ_MULTIPLIER = 0.1
 _MTOK = 1_000_000
+_RESOLVED_MAX = 256
+"""Model ids a ``PriceTable`` keeps the resolved price of (ids past that are resolved again
+each time: a caller pricing arbitrary ids does not grow the table without bound)."""
 _VARIANT = re.compile(r"^(-\d{8}|-latest|@.*|\[.*\])$")
 """What may follow a table key in a model id: a date, ``-latest``, ``@version`` or ``[1m]``."""
 
@@ -162,7 +166,14 @@ class PriceTable:
     """
 
     def __init__(self, prices: Mapping[str, ModelPrice] | None = None) -> None:
-        self.prices: dict[str, ModelPrice] = dict(DEFAULT_PRICES if prices is None else prices)
+        self.prices: Mapping[str, ModelPrice] = MappingProxyType(
+            dict(DEFAULT_PRICES if prices is None else prices)
+        )
+        """The table's entries, read-only: a table never changes (``with_prices`` makes a
+        new one), so what ``price`` resolves for a model id is kept."""
+        self._resolved: dict[str, ModelPrice | None] = {}
+        """Model id -> its ``price``, as first resolved (a few ids per process: every model
+        call is priced, and resolving scans the table)."""
 
     def with_prices(self, overrides: Mapping[str, ModelPrice | Mapping[str, float]]) -> PriceTable:
         """A copy with ``overrides`` added or replacing entries (validated)."""
@@ -195,6 +206,15 @@ class PriceTable:
         generation or later costs ``REGIONAL_PREMIUM`` times more, as Bedrock and Vertex
         charge (a Vertex id names no region: pass a regional table if you use one).
         """
+        resolved = self._resolved
+        if model in resolved:
+            return resolved[model]
+        found = self._resolve(model)
+        if len(resolved) < _RESOLVED_MAX:
+            resolved[model] = found
+        return found
+
+    def _resolve(self, model: str) -> ModelPrice | None:
         found = self._lookup(model)
         if found is not None:
             return found
@@ -224,14 +244,28 @@ class PriceTable:
         price = self.price(model)
         if price is None:
             return None
-        split = usage.cache_creation_5m_input_tokens + usage.cache_creation_1h_input_tokens
-        unsplit = max(usage.cache_creation_input_tokens - split, 0)  # older APIs: all 5m
-        write = (
-            usage.cache_creation_5m_input_tokens + unsplit
-        ) * price.write_5m_rate + usage.cache_creation_1h_input_tokens * price.write_1h_rate
-        return Cost(
-            uncached=usage.input_tokens * price.input / _MTOK,
-            cache_read=usage.cache_read_input_tokens * price.read_rate / _MTOK,
-            cache_write=write / _MTOK,
-            output=usage.output_tokens * price.output / _MTOK,
-        )
+        return Cost(*_cost_terms(price, usage))
+
+    def cost_usd(self, model: str, usage: Usage) -> float | None:
+        """``cost(model, usage).total`` (the same float) without the ``Cost`` record; what
+        is charged per model call. ``None`` when the model has no price."""
+        price = self.price(model)
+        if price is None:
+            return None
+        uncached, cache_read, cache_write, output = _cost_terms(price, usage)
+        return uncached + cache_read + cache_write + output
+
+
+def _cost_terms(price: ModelPrice, usage: Usage) -> tuple[float, float, float, float]:
+    """USD of ``usage`` at ``price``: uncached input, cache reads, cache writes, output."""
+    split = usage.cache_creation_5m_input_tokens + usage.cache_creation_1h_input_tokens
+    unsplit = max(usage.cache_creation_input_tokens - split, 0)  # older APIs: all 5m
+    write = (
+        usage.cache_creation_5m_input_tokens + unsplit
+    ) * price.write_5m_rate + usage.cache_creation_1h_input_tokens * price.write_1h_rate
+    return (
+        usage.input_tokens * price.input / _MTOK,
+        usage.cache_read_input_tokens * price.read_rate / _MTOK,
+        write / _MTOK,
+        usage.output_tokens * price.output / _MTOK,
+    )

@@ -140,6 +140,10 @@ class CacheWatch:
         if not known:  # a run's ok calls are its turns 1..n: none is before the first turn
             previous = None if call.turn == 1 else await _stored_previous(run, call_id)
         elif last is not None and last_response is not None:
+            if response.usage.cache_read_input_tokens >= expected_cache_read(
+                last_response.usage
+            ):  # no break (``_check``'s first test, on the same counts): nothing is built
+                return None
             previous = _OkCall.answered(last_id, last, last_response)
         if previous is None:
             return None

@@ -272,9 +272,10 @@ class ModelCalls:
         """Commit a call's answer (its assistant message, usage, and the ``started`` marks
         of the tools it asks for) in one transaction, inside the call's span."""
         message = response.to_message()
-        started = self._started_events(message.tool_uses)
+        uses = message.tool_uses
+        started = self._started_events(uses)
         # an answer the loop takes as it is ends the run: its end commits with it
-        ends = not message.tool_uses and self.agent.output_type is None and self.stop is None
+        ends = not uses and self.agent.output_type is None and self.stop is None
         ends = ends and "after_response" not in self.env.extras  # (a hook may still fail it)
         await self.env.store.finish_call(
             call_id,
@@ -300,7 +301,7 @@ class ModelCalls:
         self.last_response_id = response.id
         self.served_model = model
         self._fresh_tools = (
-            tuple([u.id for u in message.tool_uses]),
+            tuple([u.id for u in uses]),
             frozenset([e.call_id for e in started]),
         )
         await self.after_response(call_id, call, response)

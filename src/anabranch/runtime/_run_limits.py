@@ -23,21 +23,33 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 import anyio
 
 from anabranch import events as ev
 from anabranch.agents import Agent, Budget
 from anabranch.context._pricing import PriceTable
-from anabranch.messages import Message, TextBlock, ToolDefinition, ToolUseBlock, Usage
+from anabranch.messages import Message, ToolDefinition, ToolUseBlock, Usage
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._findings import findings_record, settle_subtree
+from anabranch.runtime._limit_terms import (
+    NO_NOTES,
+    BudgetScope,
+    LimitStop,
+    Spend,
+    StopReason,
+    TurnNotes,
+    parse_stop,
+    spend_left,
+    usage_tokens,
+)
 from anabranch.runtime._report import summarizer_usage
 from anabranch.runtime._run_events import RunEvents
 from anabranch.store import RunRecord, Store
 
 __all__ = [
+    "NO_NOTES",
     "LimitStop",
     "SessionLimits",
     "Spend",
@@ -50,8 +62,6 @@ __all__ = [
     "session_limits",
     "usage_tokens",
 ]
-
-StopReason = Literal["max_turns", "timeout", "budget"]
 
 
 class LimitedRun(Protocol):
@@ -85,117 +95,7 @@ REPORT_GRACE = 60.0
 CHILD_TIME_SHARE = 0.9
 """A child must be done within this share of its parent's remaining time."""
 
-STOP_NOTICE = (
-    "[limit reached] You have reached {detail}. You can no longer call tools. Write your "
-    "final report now: what you found (with its sources), what is still open, and say "
-    "plainly that the work is incomplete."
-)
 NOT_RUN = "Not run: the run reached {detail} before this tool call could finish."
-
-
-def usage_tokens(usage: Usage) -> int:
-    """Paid tokens of one call: uncached, cache-read and cache-write input, and output."""
-    return usage.total_input_tokens + usage.output_tokens
-
-
-@dataclass
-class Spend:
-    """Tokens and estimated dollars spent."""
-
-    tokens: int = 0
-    cost_usd: float = 0.0
-
-    def add(self, other: Spend) -> None:
-        self.tokens += other.tokens
-        self.cost_usd += other.cost_usd
-
-    def __add__(self, other: Spend) -> Spend:
-        return Spend(self.tokens + other.tokens, self.cost_usd + other.cost_usd)
-
-
-def _share(spent: Spend, budget: Budget) -> float:
-    """The largest share of any of the budget's limits that ``spent`` uses."""
-    shares = [0.0]
-    if budget.max_tokens is not None:
-        shares.append(spent.tokens / budget.max_tokens)
-    if budget.max_cost_usd is not None:
-        shares.append(spent.cost_usd / budget.max_cost_usd)
-    return max(shares)
-
-
-def _left(spent: Spend, budget: Budget) -> str:
-    parts = []
-    if budget.max_tokens is not None:
-        left = max(budget.max_tokens - spent.tokens, 0)
-        parts.append(f"{left:,} of {budget.max_tokens:,} tokens")
-    if budget.max_cost_usd is not None:
-        left_usd = max(budget.max_cost_usd - spent.cost_usd, 0.0)
-        parts.append(f"${left_usd:,.2f} of ${budget.max_cost_usd:,.2f}")
-    return " and ".join(parts)
-
-
-@dataclass(frozen=True)
-class LimitStop:
-    """Why a run is stopped: which limit, in words a model and a person can read."""
-
-    reason: StopReason
-    detail: str
-    """e.g. ``its turn limit (max_turns=8)`` or ``the session budget (2,000,000 tokens)``."""
-    scope: str = ""
-    """For a budget: ``session``, ``tenant <name>`` or ``agent <name>``."""
-
-    def describe(self) -> str:
-        """What is stored as the run's stop: ``<reason>: stopped by <detail>``."""
-        return f"{self.reason}: stopped by {self.detail}"
-
-
-def parse_stop(text: str | None) -> tuple[StopReason | None, str]:
-    """The stop reason and its description from a stored ``LimitStop.describe()``."""
-    if not text:
-        return None, ""
-    head, _, rest = text.partition(": ")
-    if head in ("max_turns", "timeout", "budget"):
-        reason: StopReason = head  # type: ignore[assignment]
-        return reason, rest
-    return None, text
-
-
-@dataclass
-class BudgetScope:
-    """One budget and what was spent against it."""
-
-    name: str
-    """``session``, ``tenant acme`` or ``agent researcher``."""
-    label: str
-    """How the agent is told about it: ``the session budget``, ``your budget``."""
-    budget: Budget
-    spent: Spend = field(default_factory=Spend)
-
-    def share(self, extra: Spend | None = None) -> float:
-        return _share(self.spent + extra if extra else self.spent, self.budget)
-
-
-@dataclass(frozen=True)
-class TurnNotes:
-    """What the loop adds to the next user turn: a stop notice, or soft-limit notes."""
-
-    stop: LimitStop | None = None
-    notes: tuple[str, ...] = ()
-    notice: bool = True
-    """Whether the stop is announced (not with ``on_limit="fail"``: the run just fails)."""
-
-    @property
-    def blocks(self) -> tuple[TextBlock, ...]:
-        if not self.notes and self.stop is None:  # most turns: nothing to add
-            return ()
-        texts = [*self.notes]
-        if self.stop is not None and self.notice:
-            texts.append(STOP_NOTICE.format(detail=self.stop.detail))
-        return tuple(TextBlock(text=t) for t in texts)
-
-
-NO_NOTES = TurnNotes()
-"""A user turn with nothing to add (most turns): one shared, immutable value."""
 
 
 class TenantLedger(Protocol):
@@ -281,6 +181,8 @@ class SessionLimits:
         self.total = Spend()
         self._runs: dict[str, _RunState] = {}
         self._session_warned: set[str] = set()
+        self._agent_budgets = False
+        """Whether some run of the session has a budget of its own (``attach``)."""
 
     # ------------------------------------------------------------------ ledger
     async def load(self, store: Store, session_id: str) -> None:
@@ -301,8 +203,8 @@ class SessionLimits:
             self.session.spent = Spend(self.total.tokens, self.total.cost_usd)
 
     def spend_of(self, model: str, usage: Usage) -> Spend:
-        cost = self.prices.cost(model, usage)
-        return Spend(usage_tokens(usage), cost.total if cost is not None else 0.0)
+        cost = self.prices.cost_usd(model, usage)
+        return Spend(usage_tokens(usage), cost if cost is not None else 0.0)
 
     def _state(self, run_id: str, parent: str | None = None) -> _RunState:
         state = self._runs.get(run_id)
@@ -346,6 +248,7 @@ class SessionLimits:
         state.agent = run.agent
         budget = run.agent.budget
         if budget is not None and budget.limited and state.scope is None:
+            self._agent_budgets = True
             state.scope = BudgetScope(
                 f"agent {run.agent.name}", "your budget", budget, self._subtree_spend(record.id)
             )
@@ -390,23 +293,34 @@ class SessionLimits:
 
     async def charge(self, run: LimitedRun, model: str, usage: Usage) -> None:
         """Count one model call's usage toward the run, its ancestors, the session and
-        the tenant."""
-        spend = self.spend_of(model, usage)
-        self._record(run.id, spend)
-        lineage = self._lineage(run.id)
-        if lineage:  # in place: a run keeps no record per call
-            last = lineage[0].last_call
-            last.tokens, last.cost_usd = spend.tokens, spend.cost_usd
-        for state in lineage:
-            if state.scope is not None:
-                state.scope.spent.add(spend)
+        the tenant.
+
+        Once per model call, so summed in place: no ``Spend`` per call unless a tenant's
+        ledger is told it, and the run's ancestors are walked only when some run of the
+        session has a budget of its own."""
+        tokens = usage_tokens(usage)
+        cost = self.prices.cost_usd(model, usage)
+        if cost is None:
+            cost = 0.0
+        state = self._state(run.id)
+        own, total, last = state.own, self.total, state.last_call
+        own.tokens += tokens
+        own.cost_usd += cost
+        total.tokens += tokens
+        total.cost_usd += cost
+        last.tokens, last.cost_usd = tokens, cost  # in place: a run keeps no record per call
+        if self._agent_budgets:
+            for ancestor in self._lineage(run.id):
+                if ancestor.scope is not None:
+                    ancestor.scope.spent.add_call(tokens, cost)
         if self.session is not None:
-            self.session.spent.add(spend)
+            self.session.spent.add_call(tokens, cost)
         if self.tenant is not None and self.ledger is not None:
+            spend = Spend(tokens, cost)
             with anyio.CancelScope(shield=True):
                 await self.ledger.add_spend(self.tenant, self.session_id, run.id, spend)
             if self.tenant_scope is not None:
-                self.tenant_scope.spent.add(spend)
+                self.tenant_scope.spent.add_call(tokens, cost)
 
     async def cut_off_run(self, run: LimitedRun) -> TimeoutError:
         """End a run that was still going at its hard deadline (its final report did not
@@ -518,7 +432,7 @@ class SessionLimits:
             if scope.name in warned:
                 continue
             warned.add(scope.name)
-            left = _left(scope.spent, scope.budget)
+            left = spend_left(scope.spent, scope.budget)
             notes.append(
                 f"[budget] {scope.label[0].upper()}{scope.label[1:]} is {share:.0%} spent: "
                 f"{left} left. Wrap up: finish the most important part of your task and "
@@ -543,7 +457,7 @@ class SessionLimits:
             if scope.share() >= 1.0 - scope.budget.reserve:
                 return (
                     f"Cannot spawn {role.name}: {scope.label} is used up "
-                    f"({_left(scope.spent, scope.budget)} left, the rest is kept for final "
+                    f"({spend_left(scope.spent, scope.budget)} left, the rest is kept for final "
                     "reports). Write your answer with what you have."
                 )
         return None
@@ -557,7 +471,7 @@ class SessionLimits:
                 scope.spent = await self.ledger.tenant_spend(self.tenant, since)
             if scope.share() >= 1.0 - scope.budget.reserve:
                 return (
-                    f"{scope.label} is used up: {_left(scope.spent, scope.budget)} left "
+                    f"{scope.label} is used up: {spend_left(scope.spent, scope.budget)} left "
                     f"of {scope.budget.describe()}"
                 )
         return None

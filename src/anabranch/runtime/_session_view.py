@@ -63,9 +63,9 @@ class UsageTotals:
         self._sums = dict.fromkeys(Usage.model_fields, 0)
 
     def add(self, usage: Usage) -> None:
-        sums = self._sums
+        sums, counts = self._sums, usage.__dict__  # a model's fields are in its ``__dict__``
         for key in sums:
-            sums[key] += getattr(usage, key)
+            sums[key] += counts[key]
 
     def total(self) -> Usage:
         return Usage(**self._sums)
