@@ -131,3 +131,21 @@ async def run_until(rt: Runtime, agent: Agent, task: str, reached: anyio.Event) 
         await reached.wait()
         group.cancel_scope.cancel()
     return sessions[0]
+
+
+async def traced_store(db: Path) -> tuple[SQLiteStore, list[list[str]]]:
+    """A real SQLite store whose committed transactions are logged, each as the list of
+    its statements (a rolled-back one is forgotten)."""
+    store = await SQLiteStore.open(db)
+    transactions: list[list[str]] = [[]]
+
+    def trace(statement: str) -> None:
+        if statement.strip().upper().startswith("COMMIT"):
+            transactions.append([])
+        elif statement.strip().upper().startswith("ROLLBACK"):
+            transactions[-1] = []
+        else:
+            transactions[-1].append(statement)
+
+    store._sql._conn.set_trace_callback(trace)
+    return store, transactions

@@ -18,8 +18,9 @@ from anabranch.messages import ModelRequest, TextBlock, ToolUseBlock
 from anabranch.runtime._builtins import ToolOutcome
 from anabranch.runtime._context_view import ContextChange, ContextView, Ingested
 from anabranch.runtime._pipeline import PassThroughPipeline, plain_twin
-from anabranch.store import SQLiteStore
 from anabranch.testing import FunctionModel
+
+from .helpers import traced_store
 
 pytestmark = pytest.mark.anyio
 
@@ -122,21 +123,6 @@ class _QuietAwaitingIngest(_Quiet):
         return Ingested(outcome)
 
 
-async def _traced(db: Path) -> tuple[SQLiteStore, list[list[str]]]:
-    """A store whose committed transactions are logged, each as its statements."""
-    store = await SQLiteStore.open(db)
-    transactions: list[list[str]] = [[]]
-
-    def trace(statement: str) -> None:
-        if statement.strip().upper().startswith("COMMIT"):
-            transactions.append([])
-        else:
-            transactions[-1].append(statement)
-
-    store._sql._conn.set_trace_callback(trace)
-    return store, transactions
-
-
 def _holding(transactions: list[list[str]], *inserts: str) -> list[list[str]]:
     return [t for t in transactions if all(any(i in s for s in t) for i in inserts)]
 
@@ -144,7 +130,7 @@ def _holding(transactions: list[list[str]], *inserts: str) -> list[list[str]]:
 async def test_a_results_message_built_with_awaits_commits_with_the_next_call(
     tmp_path: Path,
 ) -> None:
-    store, transactions = await _traced(tmp_path / "db")
+    store, transactions = await traced_store(tmp_path / "db")
     agent = Agent(name="a", tools=[step])
     with anyio.fail_after(20):
         async with Runtime(store=store, model=_steps(2), pipeline=_QuietAwaitingIngest()) as rt:
@@ -169,7 +155,7 @@ async def test_an_answer_commits_with_its_run_end(tmp_path: Path, output_type: s
     def answer(request: ModelRequest) -> str:
         return '{"text": "done"}'
 
-    store, transactions = await _traced(tmp_path / "db")
+    store, transactions = await traced_store(tmp_path / "db")
     agent = Agent(name="a", output_type=Answer if output_type else None)
     with anyio.fail_after(20):
         async with Runtime(store=store, model=FunctionModel(answer)) as rt:

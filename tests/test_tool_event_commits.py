@@ -27,7 +27,7 @@ from anabranch.store import (
 )
 from anabranch.testing import FunctionModel
 
-from .helpers import run_until, sql, wait_until
+from .helpers import run_until, sql, traced_store, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -147,23 +147,6 @@ async def test_a_finished_tool_is_not_run_again(tmp_path: Path) -> None:
     assert finished[0]["call_id"] == "toolu_fast" and finished[0]["content"] == "fast result"
 
 
-async def _traced(db: Path) -> tuple[SQLiteStore, list[list[str]]]:
-    """A store whose committed transactions are logged, each as its statements."""
-    store = await SQLiteStore.open(db)
-    transactions: list[list[str]] = [[]]
-
-    def trace(statement: str) -> None:
-        if statement.strip().upper().startswith("COMMIT"):
-            transactions.append([])
-        elif statement.strip().upper().startswith("ROLLBACK"):
-            transactions[-1] = []
-        else:
-            transactions[-1].append(statement)
-
-    store._sql._conn.set_trace_callback(trace)
-    return store, transactions
-
-
 def _finishing(transactions: list[list[str]], call_id: str) -> list[str]:
     """The transaction that committed ``call_id``'s finished event."""
     (found,) = [
@@ -204,7 +187,7 @@ def _two_tools(effects: list[str]) -> tuple[Agent, anyio.Event, Callable[[Event]
 async def test_the_last_result_commits_with_the_results_message(tmp_path: Path) -> None:
     effects: list[str] = []
     agent, _, on_event = _two_tools(effects)
-    store, transactions = await _traced(tmp_path / "db")
+    store, transactions = await traced_store(tmp_path / "db")
     with anyio.fail_after(20):
         async with Runtime(store=store, model=_model("fast", "slow"), on_event=on_event) as rt:
             result = await rt.run(agent, "go")
@@ -224,9 +207,15 @@ async def test_the_last_result_commits_with_the_results_message(tmp_path: Path) 
 
 class _StopsBeforeTheLastCommit(SQLiteStore):
     """The real store; the process "dies" just before a tool turn's last commit (with the
-    results message, and the next call's row when it can be built at once)."""
+    results message, and the next call's row when it can be built at once), or just after
+    it (``after``)."""
 
     reached = anyio.Event()
+    after = False
+
+    async def _stop(self) -> None:
+        self.reached.set()
+        await anyio.sleep_forever()
 
     async def begin_call(
         self,
@@ -236,10 +225,12 @@ class _StopsBeforeTheLastCommit(SQLiteStore):
         tool_event: ToolEventRecord | None = None,
         spills: Sequence[SpillRecord] = (),
     ) -> int:
+        if tool_event is not None and not self.after:
+            await self._stop()
+        call_id = await super().begin_call(call, messages, tool_event=tool_event, spills=spills)
         if tool_event is not None:
-            self.reached.set()
-            await anyio.sleep_forever()
-        return await super().begin_call(call, messages, tool_event=tool_event, spills=spills)
+            await self._stop()
+        return call_id
 
     async def record_tool_event(
         self,
@@ -248,9 +239,8 @@ class _StopsBeforeTheLastCommit(SQLiteStore):
         spills: Sequence[SpillRecord] = (),
         messages: Sequence[MessageRecord] = (),
     ) -> None:
-        if messages:
-            self.reached.set()
-            await anyio.sleep_forever()
+        if messages and not self.after:
+            await self._stop()
         await super().record_tool_event(event, spills=spills, messages=messages)
 
 
@@ -279,25 +269,11 @@ async def test_a_stop_before_the_last_commit_runs_only_the_last_call_again(tmp_p
     assert [t["seq"] for t in turns] == [0, 2]
 
 
-class _StopsAfterTheLastCommit(SQLiteStore):
-    """The real store; the process "dies" once a tool turn's last result, its results
-    message and the next call's row are committed, before that call is sent."""
+class _StopsAfterTheLastCommit(_StopsBeforeTheLastCommit):
+    """The process "dies" once a tool turn's last result, its results message and the
+    next call's row are committed, before that call is sent."""
 
-    reached = anyio.Event()
-
-    async def begin_call(
-        self,
-        call: CallRecord,
-        messages: Sequence[MessageRecord],
-        *,
-        tool_event: ToolEventRecord | None = None,
-        spills: Sequence[SpillRecord] = (),
-    ) -> int:
-        call_id = await super().begin_call(call, messages, tool_event=tool_event, spills=spills)
-        if tool_event is not None:
-            self.reached.set()
-            await anyio.sleep_forever()
-        return call_id
+    after = True
 
 
 async def test_a_stop_after_the_last_commit_sends_the_next_call_again_and_runs_no_tool(
