@@ -126,7 +126,7 @@ class RunEvents:
 
     # ------------------------------------------------------------------ model calls
     def call_started(self, request: ModelRequest, attempt: int, purpose: str | None) -> None:
-        if not self.active:
+        if not self._bus.active:  # (once per model call: no property in between)
             return
         run = self._run
         if purpose == "compaction" and not self._compaction_announced:
@@ -147,7 +147,7 @@ class RunEvents:
         )
 
     def call_finished(self, attempt: int, purpose: str | None, response: ModelResponse) -> None:
-        if not self.active:
+        if not self._bus.active:  # (once per model call: no property in between)
             return
         cost = _PRICES.cost(response.model or self._run.agent.model, response.usage)
         self.emit(

@@ -358,7 +358,11 @@ class SessionLimits:
 
     def _scopes_now(self, run_id: str) -> list[BudgetScope]:
         """Every budget the run spends against, as this process knows them now."""
-        scopes = [s.scope for s in self._lineage(run_id) if s.scope is not None]
+        scopes = (  # the lineage is walked only if some run has a budget of its own
+            [s.scope for s in self._lineage(run_id) if s.scope is not None]
+            if self._agent_budgets
+            else []
+        )
         if self.session is not None:
             scopes.append(self.session)
         if self.tenant_scope is not None:
@@ -422,6 +426,8 @@ class SessionLimits:
         stop = stop or self._budget_stop(run, scopes)
         if stop is not None:
             return TurnNotes(stop=stop, notice=run.agent.on_limit == "report")
+        if not scopes:  # no budget applies (most sessions): nothing to warn about
+            return NO_NOTES
         notes = []
         state = self._state(run.id)
         for scope in scopes:
