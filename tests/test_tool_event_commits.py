@@ -244,16 +244,25 @@ class _StopsBeforeTheLastCommit(SQLiteStore):
         await super().record_tool_event(event, spills=spills, messages=messages)
 
 
-async def test_a_stop_before_the_last_commit_runs_only_the_last_call_again(tmp_path: Path) -> None:
+async def _run_to_the_stop(
+    tmp_path: Path, stops: type[_StopsBeforeTheLastCommit]
+) -> tuple[list[str], Path, str]:
+    """Run the two-tool session on a store that "dies" at ``stops``' point; the tools'
+    effects so far, the database and the session to resume."""
     effects: list[str] = []
     agent, _, on_event = _two_tools(effects)
     db = tmp_path / "db"
-    _StopsBeforeTheLastCommit.reached = reached = anyio.Event()
-    store = await _StopsBeforeTheLastCommit.open(db)
+    stops.reached = reached = anyio.Event()
+    store = await stops.open(db)
     with anyio.fail_after(20):
         async with Runtime(store=store, model=_model("fast", "slow"), on_event=on_event) as rt:
             session_id = await run_until(rt, agent, "go", reached)
     await store.close()
+    return effects, db, session_id
+
+
+async def test_a_stop_before_the_last_commit_runs_only_the_last_call_again(tmp_path: Path) -> None:
+    effects, db, session_id = await _run_to_the_stop(tmp_path, _StopsBeforeTheLastCommit)
     agent, fast_committed, on_event = _two_tools(effects)
     fast_committed.set()  # committed before the stop
     async with Runtime(db, model=_model("fast", "slow"), on_event=on_event) as rt:
@@ -279,15 +288,7 @@ class _StopsAfterTheLastCommit(_StopsBeforeTheLastCommit):
 async def test_a_stop_after_the_last_commit_sends_the_next_call_again_and_runs_no_tool(
     tmp_path: Path,
 ) -> None:
-    effects: list[str] = []
-    agent, _, on_event = _two_tools(effects)
-    db = tmp_path / "db"
-    _StopsAfterTheLastCommit.reached = reached = anyio.Event()
-    store = await _StopsAfterTheLastCommit.open(db)
-    with anyio.fail_after(20):
-        async with Runtime(store=store, model=_model("fast", "slow"), on_event=on_event) as rt:
-            session_id = await run_until(rt, agent, "go", reached)
-    await store.close()
+    effects, db, session_id = await _run_to_the_stop(tmp_path, _StopsAfterTheLastCommit)
     agent, fast_committed, on_event = _two_tools(effects)
     fast_committed.set()
     async with Runtime(db, model=_model("fast", "slow"), on_event=on_event) as rt:
