@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,33 @@ async def _stop_inside_a_lease_lock(dsn: str, proc: subprocess.Popen[str]) -> bo
     return await anyio.to_thread.run_sync(_catch_inside_a_lease_lock, dsn, proc.pid, deadline)
 
 
+async def _stop_a_worker_midway(
+    dsn: str, procs: list[subprocess.Popen[str]], ttl: float
+) -> tuple[int, list[str], float, float]:
+    """SIGSTOP a worker found part-way through a session (preferably inside a lease lock)
+    and wait until its open transaction has ended. Returns its index, the unfinished
+    sessions it held when it stopped, and when it stopped (``anyio.current_time()``,
+    ``time.time()``). On return (or on an error) the worker is stopped; the caller sends it
+    SIGCONT.
+
+    Its sessions are read while it is stopped: once its open transaction ends, another
+    worker may take them over at once (the server ends that transaction only after the
+    leases in it have expired), and then they are no longer its. One it finished may have
+    been caught with its lease unreleased: those whose latest status is not ``running``
+    once that transaction has ended are left out."""
+    index = await _midway_worker(dsn, procs)
+    victim = procs[index]
+    await _stop_inside_a_lease_lock(dsn, victim)
+    stopped, stopped_at = anyio.current_time(), time.time()
+    held = held_by(dsn, victim.pid)
+    # its open transaction ends (the server ends it after a ttl, or the COMMIT it had
+    # sent lands)
+    await poll(partial(_open_lock_gone, dsn, victim.pid), deadline=ttl + 8)
+    taken = _unfinished(dsn, held)
+    assert taken, f"the worker stopped mid-way held no unfinished session: {held}"
+    return index, taken, stopped, stopped_at
+
+
 def _unfinished(dsn: str, sessions: list[str]) -> list[str]:
     """Those of ``sessions`` whose latest status is ``running``."""
     found = rows(
@@ -275,8 +303,9 @@ async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
     already inside when stopped runs on when it continues: no store can recall that.)"""
     defs, effects = _defs(tmp_path), tmp_path / "effects"
     ttl = 2.0
-    # six rounds: a session outlasts the poll that finds it mid-way by a wide margin
-    async with MessagesServer(policy=TestModel(rounds=6), latency_ms=40) as server:
+    # eight rounds of 120 ms calls: a session found mid-way outlasts the second it may take
+    # to catch its worker by a wide margin
+    async with MessagesServer(policy=TestModel(rounds=8), latency_ms=120) as server:
         env = _env(server, postgres_dsn, effects)
         agent = load_object(f"{defs}:researcher")
         with workers(3, [defs], postgres_dsn, env, "--dead-after", "600") as procs:
@@ -287,19 +316,11 @@ async def test_a_stopped_worker_loses_its_sessions_by_lease_and_is_fenced(
                 ]
                 # the victim is a worker found mid-way: which workers DBOS hands the
                 # sessions to is its business (on a quiet machine one may get none)
-                index = await _midway_worker(postgres_dsn, procs)
+                index, taken, stopped, stopped_at = await _stop_a_worker_midway(
+                    postgres_dsn, procs, ttl
+                )
                 victim, executor = procs[index], f"w{index + 1}"
                 try:
-                    await _stop_inside_a_lease_lock(postgres_dsn, victim)
-                    stopped, stopped_at = anyio.current_time(), time.time()
-                    # its open transaction ends (the server ends it after a ttl, or the
-                    # COMMIT it had sent lands); then its unfinished sessions are known
-                    # (one it finished may be caught with its lease unreleased)
-                    await poll(
-                        lambda: _open_lock_gone(postgres_dsn, victim.pid), deadline=ttl + 8
-                    )
-                    taken = _unfinished(postgres_dsn, held_by(postgres_dsn, victim.pid))
-                    assert taken
 
                     async def taken_over() -> bool:
                         holders = rows(
