@@ -210,7 +210,7 @@ def message_content_json(message: Message) -> str:
     """Canonical JSON of the message's content blocks (what the store keeps), computed
     once per message object: its digest and its stored record share the one encoding."""
     cached = message.__dict__
-    if cached.get(_JSON_OF) is message.content:
+    if _JSON_OF in cached and cached[_JSON_OF] is message.content:
         text: str = cached[_JSON]
         return text
     text = _plain_content_json(message.content) or canonical_json(
@@ -248,8 +248,12 @@ def _plain_content_json(content: tuple[Block, ...]) -> str | None:
 
 def message_digest(message: Message) -> bytes:
     """SHA-256 of the message's canonical JSON, computed once per message object."""
-    cached = message.__dict__
-    if cached.get(_DIGEST_OF) is message.content and cached.get(_DIGEST_ROLE) == message.role:
+    cached = message.__dict__  # (the three entries are set together)
+    if (
+        _DIGEST_OF in cached
+        and cached[_DIGEST_OF] is message.content
+        and cached[_DIGEST_ROLE] == message.role
+    ):
         digest: bytes = cached[_DIGEST]
         return digest
     # the canonical JSON of the whole message (keys sorted), around its content's
@@ -523,10 +527,9 @@ class ModelResponse(_Frozen):
         """The assistant message of this response: the same object on every call, so what
         is derived from it (its stored JSON, its digest) is computed once."""
         cached = self.__dict__  # kept with the content it was made from (see ``_JSON``)
-        message = cached.get(_MESSAGE)
-        if message is not None and cached.get(_MESSAGE_OF) is self.content:
-            assert isinstance(message, Message)
-            return message
+        if _MESSAGE_OF in cached and cached[_MESSAGE_OF] is self.content:
+            kept: Message = cached[_MESSAGE]  # (both entries are set together)
+            return kept
         message = Message(role="assistant", content=self.content)
         cached[_MESSAGE] = message
         cached[_MESSAGE_OF] = self.content

@@ -41,7 +41,7 @@ def message_tokens(message: Message) -> int:
     """Estimated tokens of one message (see ``estimate_messages``), computed once per
     message object."""
     cached = message.__dict__
-    if cached.get(_TOKENS_OF) is message.content:
+    if _TOKENS_OF in cached and cached[_TOKENS_OF] is message.content:
         kept: int = cached[_TOKENS]
         return kept
     tokens = _estimate_chars(message.char_count()) + 4 + message_attachment_tokens(message)

@@ -83,7 +83,7 @@ from anabranch.runtime._context_view import (
 from anabranch.runtime._head import context_text, handles_in, originals, previous_summary
 from anabranch.runtime._limits import ChannelLimits
 from anabranch.runtime._memory_compaction import CompactionMemory
-from anabranch.runtime._model_switch import ModelSwitch, model_switch
+from anabranch.runtime._model_switch import ModelSwitch, model_switch, same_model
 from anabranch.runtime._pins import with_pins
 from anabranch.runtime._pipeline import spill_over_limit
 from anabranch.runtime._quiet_call import quiet_before_call
@@ -182,8 +182,11 @@ class CompactingPipeline:
 
     def model_switch(self, run: ContextView) -> ModelSwitch | None:
         """The run's model changed to one that cannot hold its context (see ``_model_switch``)."""
+        previous = run.served_model
+        if previous is None or same_model(run.agent.model, previous):
+            return None  # (asked before every call: no window or threshold to work out)
         window, threshold, tokens = self.window(run), self.threshold(run), run.context_tokens
-        return model_switch(run.served_model, run.agent.model, tokens, threshold, window)
+        return model_switch(previous, run.agent.model, tokens, threshold, window)
 
     async def _start_ahead(self, step: CompactionStep) -> None:
         """Start summarizing the head in the background (see ``_ahead``)."""

@@ -91,6 +91,10 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         self.env = env
         self.agent = agent
         self.record = record
+        self.id = record.id
+        """The run's id (its record's: a run keeps it for good; read on every step)."""
+        self.limits = session_limits(env)
+        """The session's limits and ledger (one object for the session's life)."""
         self.system: tuple[SystemBlock, ...] = ()
         self.tools: tuple[ToolDefinition, ...] = ()
         self.snapshot_version = 0
@@ -122,10 +126,6 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         """The limit that ended this run with a final report, if one did."""
 
     # ------------------------------------------------------------------ creation
-    @property
-    def id(self) -> str:
-        return self.record.id
-
     @property
     def session_id(self) -> str:
         return self.env.session_id
@@ -361,7 +361,7 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
             ref = tracing.span_ref(span)
             if ref is not None:  # so a resumed run's span can link back to this one
                 await store.add_run_span(self.env.session_id, self.id, ref.trace_id, ref.span_id)
-            limits = session_limits(self.env)
+            limits = self.limits
             self.events.run_started()
             try:
                 with limits.driving(self):
@@ -392,15 +392,16 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         return self.alongside(self._loop)
 
     async def _loop(self) -> str:
-        limits = session_limits(self.env)
+        limits = self.limits
         limits_checked = False  # checked when the pending user turn was built
         while True:
             if not self.context:
                 raise RuntimeError(f"run {self.id} has an empty context")
             last = self.context[-1]
             if last.role == "assistant":
-                if last.tool_uses:
-                    notes = await self.run_tools(last.tool_uses)  # and commits their turn
+                uses = last.tool_uses  # (a list built per read)
+                if uses:
+                    notes = await self.run_tools(uses)  # and commits their turn
                     if notes.stop is not None:
                         return await self._end_at_limit(notes.stop)
                     limits_checked = True

@@ -38,7 +38,7 @@ from anabranch.runtime._environment import Environment
 from anabranch.runtime._history import message_json, usage_json
 from anabranch.runtime._pipeline import plain_twin
 from anabranch.runtime._run_events import RunEvents
-from anabranch.runtime._run_limits import LimitStop, session_limits
+from anabranch.runtime._run_limits import LimitStop, SessionLimits
 from anabranch.runtime._session_view import UsageTotals
 from anabranch.store import CallRecord, MessageRecord, RunRecord, ToolEventRecord
 
@@ -58,6 +58,8 @@ class ModelCalls:
     env: Environment
     agent: Agent
     record: RunRecord
+    id: str
+    limits: SessionLimits
     tools: tuple[ToolDefinition, ...]
     context: list[Message]
     events: RunEvents
@@ -83,9 +85,6 @@ class ModelCalls:
     result (``begin_next_call_now``): its first attempt sends exactly that request."""
 
     if TYPE_CHECKING:  # the loop's and ``ToolCalls``' (they come after this class)
-
-        @property
-        def id(self) -> str: ...
 
         def build_request(
             self, *, tool_choice: str | None = None, max_tokens: int | None = None
@@ -240,7 +239,7 @@ class ModelCalls:
                     self.events.call_failed(attempt, purpose, error)
                     raise
                 self.events.call_finished(attempt, purpose, response)
-                await session_limits(env).charge(
+                await self.limits.charge(
                     self, response.model or request.model, response.usage
                 )
                 env.tracing.model_response(

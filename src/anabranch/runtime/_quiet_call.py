@@ -31,22 +31,27 @@ class _Compacting(Protocol):
 
 
 def quiet_before_call(pipeline: _Compacting, run: ContextView) -> bool:
-    """``True`` if ``pipeline.before_call(run)`` would await, start and change nothing."""
+    """``True`` if ``pipeline.before_call(run)`` would await, start and change nothing.
+
+    Nothing is decided yet, so the run reads as ``before_call``'s fresh ``CompactionStep``
+    of it would (one is built only to ask about a summary ahead); its token count is
+    worked out once."""
     if not pipeline.limits.prepared(run):  # it would read the store's learned limit
         return False
-    step = CompactionStep(run)
     policy = run.agent.context
-    tokens = step.context_tokens
-    if policy.clear_tool_results_after is not None and tokens > pipeline.window(step) * (
+    tokens = run.context_tokens
+    if policy.clear_tool_results_after is not None and tokens > pipeline.window(run) * (
         policy.clear_at
     ):
         return False  # it would try clearing old results
-    if pipeline.model_switch(step) is not None:
+    if pipeline.model_switch(run) is not None:
         return False
-    threshold = pipeline.threshold(step)
+    threshold = pipeline.threshold(run)
     if tokens >= threshold:
         return False  # it would compact (or wait for the summary ahead)
+    if policy.compact_ahead_at is None:
+        return True  # no summary ahead is ever started for this run: none to swap in
     ahead = pipeline.ahead.pending(run)
     if ahead is not None and ahead.ready.is_set():
         return False  # it would swap the summary computed ahead in
-    return not pipeline.ahead.due(step, threshold=threshold)  # or start one
+    return not pipeline.ahead.due(CompactionStep(run), threshold=threshold)  # or start one

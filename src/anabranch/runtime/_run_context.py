@@ -58,6 +58,7 @@ class RunContext:
     env: Environment
     agent: Agent
     record: RunRecord
+    id: str
     context: list[Message]
     next_seq: int
     turns: int
@@ -74,10 +75,6 @@ class RunContext:
     equal to one is stored as a reference to its event: the output is stored once)."""
     undriven: bool = False
     """This object created the run and has not driven it yet: no earlier drive exists."""
-
-    @property
-    def id(self) -> str:
-        raise NotImplementedError
 
     def build_request(
         self,

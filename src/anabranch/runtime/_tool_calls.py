@@ -47,7 +47,7 @@ from anabranch.runtime._history import (
 )
 from anabranch.runtime._pipeline import plain_twin
 from anabranch.runtime._run_events import RunEvents
-from anabranch.runtime._run_limits import TurnNotes, session_limits
+from anabranch.runtime._run_limits import SessionLimits, TurnNotes
 from anabranch.runtime._tool_exec import run_user_tool
 from anabranch.store import (
     CallRecord,
@@ -100,6 +100,8 @@ class ToolCalls:
     env: Environment
     agent: Agent
     record: RunRecord
+    id: str
+    limits: SessionLimits
     tools: tuple[ToolDefinition, ...]
     events: RunEvents
     context: list[Message]
@@ -116,10 +118,6 @@ class ToolCalls:
     fresh_calls: frozenset[str] = frozenset()
     """The current turn's calls whose ``started`` events were committed here with the
     response that asked for them: none of them ran before (nothing they start exists)."""
-
-    @property
-    def id(self) -> str:
-        raise NotImplementedError
 
     def as_view(self) -> GatedRun:
         """This run as the read-only view built-in tools (and the approval gate) receive."""
@@ -173,7 +171,7 @@ class ToolCalls:
             outcomes.update(gate.denied)
             todo = [use for use in todo if not gate.held(use)]
 
-        limits = session_limits(self.env)
+        limits = self.limits
         deadline = limits.deadline(self.id)
         cut = deadline != math.inf and anyio.current_time() >= deadline  # past it: none runs
         turn = _Turn(uses, gate, outcomes, started, marked, shield=deadline != math.inf)
@@ -288,7 +286,7 @@ class ToolCalls:
         commit that did not before (and the next call's row with them, if it can be
         built now: that call's request and row last). None: the event is committed alone."""
         ingest_now: IngestNow | None = plain_twin(self.env.pipeline, "ingest", "ingest_now")
-        limits, gate = session_limits(self.env), turn.gate
+        limits, gate = self.limits, turn.gate
         if ingest_now is None or limits.reads_ledger or gate.waiting or turn.nested:
             return None
         for other in turn.uses:
@@ -313,7 +311,7 @@ class ToolCalls:
             for s in ingested.spills:
                 spills.append(SpillRecord(s.handle, self.id, s.call_id, s.content, now))
             results.append(self._entering(each, outcomes[each.id], ingested.outcome))
-        notes = session_limits(self.env).next_turn_now(self)
+        notes = self.limits.next_turn_now(self)
         message = Message(role="user", content=(*results, *notes.blocks))
         records = self.message_records([message])
         event = self._finished_event(use, outcome)
