@@ -118,19 +118,19 @@ class EventBus:
 
     def __init__(self) -> None:
         self._subscriptions: list[Subscription] = []
-
-    @property
-    def active(self) -> bool:
-        return bool(self._subscriptions)
+        self.active = False
+        """Whether anybody listens (kept with the list: read several times per model call)."""
 
     def subscribe(self, subscription: Subscription) -> Subscription:
         self._subscriptions.append(subscription)
+        self.active = True
         return subscription
 
     def unsubscribe(self, subscription: Subscription) -> None:
         subscription.close()
         if subscription in self._subscriptions:
             self._subscriptions.remove(subscription)
+        self.active = bool(self._subscriptions)
 
     def publish(self, event: AnyEvent | Event) -> None:
         for subscription in self._subscriptions:
