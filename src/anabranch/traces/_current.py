@@ -5,16 +5,20 @@ call and per tool call is on the hot path): start, make current, record an ``Exc
 leaving the block (not a cancellation) with an error status, end. Telemetry never raises
 into a run: if the SDK or a span processor fails, the block runs without a span.
 
-A span's attributes are set once, right after it starts, and only when it records: a span
-the sampler dropped, or one from a no-op tracer, gets nothing built for it (the message
-content of an opted-in capture included). They are set after the start rather than passed
-to ``start_span``: the SDK builds a span from the sampler's result, so a sampler that does
-not hand the attributes back would drop all of them.
+A span's attributes go to ``start_span`` when the tracer's sampler is one of the SDK's own,
+which hand the attributes they are given back to the span (``ParentBased``, ``ALWAYS_ON``,
+``TraceIdRatioBased``): the span is built with them, and a sampler and the processors'
+``on_start`` see them. Any other tracer or sampler gets them right after the start, because
+the SDK builds a span from the sampler's result: a sampler that does not hand them back
+would drop all of them. Either way a span that records nothing gets nothing set, and what
+costs something to build (an opted-in capture of message content) is built only for a span
+that records.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import Token
 from typing import Any
@@ -29,7 +33,9 @@ __all__ = [
     "links_or_none",
     "record_failure",
     "safe_set",
+    "sampler_keeps_attributes",
     "set_all",
+    "set_one",
 ]
 
 _log = logging.getLogger("anabranch.traces._spans")
@@ -43,6 +49,15 @@ def set_all(span: Span, attributes: Mapping[str, Any]) -> None:
         span.set_attributes(attributes)
     except Exception:  # pragma: no cover - telemetry must never break a run
         _log.debug("could not set span attributes", exc_info=True)
+
+
+def set_one(span: Span, key: str, value: Any) -> None:
+    """One attribute onto a span the caller knows records (cheaper in the SDK than a
+    one-item ``set_attributes``: no mapping to check and copy)."""
+    try:
+        span.set_attribute(key, value)
+    except Exception:  # pragma: no cover - telemetry must never break a run
+        _log.debug("could not set a span attribute", exc_info=True)
 
 
 def safe_set(span: Span, attributes: Mapping[str, Any]) -> None:
@@ -64,6 +79,31 @@ def record_failure(span: Span, exc: Exception) -> None:
         _log.debug("could not record a span's exception", exc_info=True)
 
 
+_DELEGATES: tuple[str, ...] = ("_root", "_remote_parent_sampled", "_remote_parent_not_sampled")
+_DELEGATES += ("_local_parent_sampled", "_local_parent_not_sampled")  # ParentBased's
+
+
+def sampler_keeps_attributes(tracer: trace.Tracer) -> bool:
+    """Whether spans of ``tracer`` keep the attributes passed to ``start_span``: an SDK
+    tracer whose sampler is built only of the SDK's own samplers (the default
+    ``ParentBased(ALWAYS_ON)`` is). Anything else (a hand-written sampler, another SDK, a
+    proxy for a provider set later) is not known to, and gets its attributes after."""
+    sdk = sys.modules.get("opentelemetry.sdk.trace")  # not imported: not the SDK's tracer
+    if sdk is None or type(tracer) is not sdk.Tracer:
+        return False
+    from opentelemetry.sdk.trace import sampling
+
+    keeping = (sampling.StaticSampler, sampling.TraceIdRatioBased)  # hand back what they get
+    delegating = (sampling.ParentBased, sampling.ParentBasedTraceIdRatio)
+
+    def keeps(sampler: object) -> bool:
+        if type(sampler) in delegating:
+            return all(keeps(getattr(sampler, name, None)) for name in _DELEGATES)
+        return type(sampler) in keeping
+
+    return keeps(getattr(tracer, "sampler", None))
+
+
 def links_or_none(links: Sequence[Link]) -> list[Link] | None:
     return list(links) if links else None
 
@@ -75,12 +115,24 @@ class CurrentSpan:
     status; a cancellation (a ``BaseException``) is not. If the SDK or a span processor
     fails, the block runs without a span (``INVALID_SPAN``).
 
-    ``attributes`` must hold no ``None``; they are set when the span records, together
-    with what ``more()`` returns (attributes that cost something to build, such as
-    captured message content), so a span that records nothing costs no attribute work.
+    ``attributes`` must hold no ``None``. ``at_start`` (the tracer's sampler keeps them,
+    see ``sampler_keeps_attributes``): they are passed to ``start_span``; otherwise they
+    are set right after it if the span records. What ``more()`` returns (attributes that
+    cost something to build, such as captured message content) follows them, only on a
+    span that records.
     """
 
-    __slots__ = ("_attributes", "_kind", "_links", "_more", "_name", "_span", "_token", "_tracer")
+    __slots__ = (
+        "_at_start",
+        "_attributes",
+        "_kind",
+        "_links",
+        "_more",
+        "_name",
+        "_span",
+        "_token",
+        "_tracer",
+    )
 
     def __init__(
         self,
@@ -90,7 +142,9 @@ class CurrentSpan:
         attributes: Mapping[str, Any],
         links: list[Link] | None = None,
         more: Callable[[], Mapping[str, Any]] | None = None,
+        at_start: bool = False,
     ) -> None:
+        self._at_start = at_start
         self._tracer = tracer
         self._name = name
         self._kind = kind
@@ -101,23 +155,30 @@ class CurrentSpan:
         self._token: Token[otel_context.Context] | None = None
 
     def __enter__(self) -> Span:
+        attributes, more = self._attributes, self._more
+        self._attributes, self._more = NO_ATTRIBUTES, None  # not kept alive while the block runs
         try:
             parent = otel_context.get_current()
-            span = self._tracer.start_span(self._name, parent, self._kind, links=self._links)
+            if self._at_start:
+                span = self._tracer.start_span(
+                    self._name, parent, self._kind, attributes, self._links
+                )
+                attributes = NO_ATTRIBUTES  # the span has them
+            else:
+                span = self._tracer.start_span(self._name, parent, self._kind, links=self._links)
             self._token = otel_context.attach(trace.set_span_in_context(span, parent))
         except Exception:
             _log.debug("could not start span %s", self._name, exc_info=True)
             return trace.INVALID_SPAN
         self._span = span
-        attributes, more = self._attributes, self._more
-        self._attributes, self._more = NO_ATTRIBUTES, None  # not kept alive while the block runs
         if (attributes or more is not None) and span.is_recording():
             if more is not None:
                 try:
                     attributes = {**attributes, **more()}
                 except Exception:  # content that cannot be encoded: the span goes without it
                     _log.debug("could not build attributes of span %s", self._name, exc_info=True)
-            set_all(span, attributes)
+            if attributes:
+                set_all(span, attributes)
         return span
 
     def __exit__(

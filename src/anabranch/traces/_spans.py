@@ -34,7 +34,9 @@ from anabranch.traces._current import (
     CurrentSpan,
     links_or_none,
     safe_set,
+    sampler_keeps_attributes,
     set_all,
+    set_one,
 )
 from anabranch.traces._payloads import (
     arguments_content,
@@ -100,6 +102,8 @@ class Tracing:
         self._records = not isinstance(self._tracer, trace.NoOpTracer)
         """False for a no-op tracer: its spans never record, so the hot spans build no
         attributes for it (a proxy for the global provider may record later: it counts)."""
+        self._at_start = sampler_keeps_attributes(self._tracer)
+        """Whether a span's first attributes can go to ``start_span`` (see ``CurrentSpan``)."""
         self.capture_content = (
             content_capture_from_env() if capture_content is None else capture_content
         )
@@ -119,7 +123,9 @@ class Tracing:
         if not self._records:
             return CurrentSpan(self._tracer, name, kind, NO_ATTRIBUTES)
         kept = {k: v for k, v in attributes.items() if v is not None}
-        return CurrentSpan(self._tracer, name, kind, kept, links_or_none(links))
+        return CurrentSpan(
+            self._tracer, name, kind, kept, links_or_none(links), at_start=self._at_start
+        )
 
     @staticmethod
     def span_ref(span: Span) -> SpanRef | None:
@@ -219,7 +225,8 @@ class Tracing:
             attributes["output.mime_type"] = "text/plain"
         if usage is not None:
             usage_attributes(usage, attributes, full=self.openinference_full)
-        safe_set(span, attributes)
+        if attributes:  # (without content capture or usage there is nothing to set)
+            safe_set(span, attributes)
 
     # ------------------------------------------------------------------ model calls
     def model_call(
@@ -263,7 +270,9 @@ class Tracing:
         more = None
         if self.capture_content and messages is not None:
             more = partial(request_content, messages, system)  # built only if it records
-        return CurrentSpan(self._tracer, name, SpanKind.CLIENT, attributes, None, more)
+        return CurrentSpan(
+            self._tracer, name, SpanKind.CLIENT, attributes, None, more, self._at_start
+        )
 
     def model_response(
         self,
@@ -348,7 +357,9 @@ class Tracing:
         more = None
         if self.capture_content and arguments is not None:
             more = partial(arguments_content, arguments)  # built only if it records
-        return CurrentSpan(self._tracer, name, SpanKind.INTERNAL, attributes, None, more)
+        return CurrentSpan(
+            self._tracer, name, SpanKind.INTERNAL, attributes, None, more, self._at_start
+        )
 
     def tool_result(
         self,
@@ -364,6 +375,9 @@ class Tracing:
             except Exception:  # pragma: no cover
                 _log.debug("could not set span status", exc_info=True)
         if not span.is_recording():
+            return
+        if not (is_error or attachments or self.capture_content):  # the usual outcome
+            set_one(span, "anabranch.tool.is_error", False)
             return
         attributes: dict[str, Any] = {"anabranch.tool.is_error": is_error}
         if attachments:
