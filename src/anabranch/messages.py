@@ -175,7 +175,11 @@ class Message(_Frozen):
         """Characters of the text parts (images and documents are counted apart)."""
         total = 0
         for block in self.content:
-            if isinstance(block, TextBlock):
+            if type(block) is ToolResultBlock:  # the usual blocks told apart with no call
+                total += len(block.content)
+            elif type(block) is TextBlock:
+                total += len(block.text)
+            elif isinstance(block, TextBlock):
                 total += len(block.text)
             elif isinstance(block, ToolUseBlock):
                 total += len(block.name) + len(canonical_json(block.input))
@@ -246,6 +250,11 @@ def _plain_content_json(content: tuple[Block, ...]) -> str | None:
     return "[" + ",".join(parts) + "]" if parts else None
 
 
+_ROLES = ("user", "assistant")
+_ROLE_JSON = {"user": '"user"', "assistant": '"assistant"'}
+"""``canonical_json`` of each role."""
+
+
 def message_digest(message: Message) -> bytes:
     """SHA-256 of the message's canonical JSON, computed once per message object."""
     cached = message.__dict__  # (the three entries are set together)
@@ -258,7 +267,10 @@ def message_digest(message: Message) -> bytes:
         return digest
     # the canonical JSON of the whole message (keys sorted), around its content's
     content = message_content_json(message)
-    encoded = f'{{"content":{content},"role":{canonical_json(message.role)}}}'
+    role = message.role
+    # (the roles validation allows, written out; any other value the general way)
+    role_json = _ROLE_JSON[role] if role in _ROLES else canonical_json(role)
+    encoded = f'{{"content":{content},"role":{role_json}}}'
     digest = hashlib.sha256(encoded.encode()).digest()
     cached[_DIGEST] = digest
     cached[_DIGEST_OF] = message.content

@@ -24,6 +24,8 @@ from anabranch.messages import (
     TextBlock,
     ThinkingBlock,
     ToolDefinition,
+    ToolResultBlock,
+    ToolUseBlock,
     Usage,
     canonical_json,
 )
@@ -67,6 +69,8 @@ def _cacheable(message: Message) -> bool:
     if not message.content:
         return False
     last = message.content[-1]
+    if type(last) is ToolResultBlock or type(last) is ToolUseBlock:
+        return True  # (the usual last block, told apart with no call)
     if isinstance(last, ThinkingBlock | RedactedThinkingBlock | RawBlock):
         return False
     return not (isinstance(last, TextBlock) and not last.text)

@@ -74,7 +74,8 @@ def attachment_tokens(block: Image | Document) -> int:
 
 def message_attachment_tokens(message: Message) -> int:
     """Estimated tokens of every image and document in ``message`` (tool results too)."""
-    return sum(attachment_tokens(a) for a in message.attachments)
+    attachments = message.attachments
+    return sum(attachment_tokens(a) for a in attachments) if attachments else 0
 
 
 def attachment_note(block: Image | Document, handle: str | None = None) -> str:

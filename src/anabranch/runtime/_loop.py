@@ -42,6 +42,7 @@ from anabranch.messages import (
     SystemBlock,
     ToolDefinition,
     ToolResultBlock,
+    ToolUseBlock,
     Usage,
 )
 from anabranch.runtime._approval import GatedRun
@@ -61,6 +62,7 @@ from anabranch.runtime._history import (
 from anabranch.runtime._memory import attach_relevant_memories
 from anabranch.runtime._model_calls import ModelCalls
 from anabranch.runtime._model_switch import served_model
+from anabranch.runtime._pipeline import plain_twin
 from anabranch.runtime._run_context import PipelineStep, RunContext
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import LimitStop, session_limits
@@ -114,8 +116,11 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         """Work started alongside the loop while it is driven (a summary ahead)."""
         self.served_model: str | None = None
         """The model that served the latest response (another model's, after a switch)."""
-        self._fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None = None
+        self._fresh_tools: tuple[list[ToolUseBlock], frozenset[str]] | None = None
         """Tool calls of the response just committed here, and those marked started with it."""
+        pipeline = env.pipeline  # its plain twins (asked around every tool turn)
+        self._ingest_now = plain_twin(pipeline, "ingest", "ingest_now")
+        self._quiet_call = plain_twin(pipeline, "before_call", "quiet_before_call")
         self.committed_results: dict[str, ToolResultBlock] = {}
         """The latest tool calls' results as their finished events hold them (a message
         block equal to one is stored as a reference to its event)."""

@@ -36,7 +36,6 @@ from anabranch.models._retry import retrying
 from anabranch.runtime._context_view import CompactionOutcome, ContextView
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._history import message_json, usage_json
-from anabranch.runtime._pipeline import plain_twin
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import LimitStop, SessionLimits
 from anabranch.runtime._session_view import UsageTotals
@@ -74,7 +73,9 @@ class ModelCalls:
     own_usage: UsageTotals | None
     """A run started here: its calls' usage, summed (see ``AgentRun``)."""
     served_model: str | None
-    _fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None
+    _fresh_tools: tuple[list[ToolUseBlock], frozenset[str]] | None
+    _quiet_call: Callable[[ContextView], bool] | None
+    """The pipeline's ``quiet_before_call`` (``plain_twin``), found once per run."""
     _on_retry: RetryNotice
     """``events.retry_scheduled``, bound once per run (not once per call)."""
     stop: LimitStop | None
@@ -148,7 +149,7 @@ class ModelCalls:
         """The next turn's request and call row, if ``take_turn`` would build them with no
         await before committing the row: the pipeline has nothing to do before the call
         (``quiet_before_call``) and the prompt needs no rebuild. ``None``: it awaits."""
-        quiet = plain_twin(self.env.pipeline, "before_call", "quiet_before_call")
+        quiet = self._quiet_call
         if quiet is None or not self.agent.context.system_prompt_snapshot:
             return None
         if not quiet(self.context_view()):
@@ -299,8 +300,5 @@ class ModelCalls:
             self.own_usage.add(response.usage)
         self.last_response_id = response.id
         self.served_model = model
-        self._fresh_tools = (
-            tuple([u.id for u in uses]),
-            frozenset([e.call_id for e in started]),
-        )
+        self._fresh_tools = (uses, frozenset([e.call_id for e in started]))
         await self.after_response(call_id, call, response)

@@ -107,11 +107,14 @@ def spill_over_limit(run: ContextView, call: ToolUseBlock, outcome: ToolOutcome)
     recall handle, its whole text spilled; any other result enters as it is (images and
     documents stay whole)."""
     policy = run.agent.context
+    max_chars = policy.spill_chars
+    if len(outcome.content) <= max_chars:
+        return Ingested(outcome)  # it fits (what ``preview`` would say): no handle to derive
     handle = spill_handle(run.id, call.id)
     text = preview(
         outcome.content,
         is_error=outcome.is_error,
-        max_chars=policy.spill_chars,
+        max_chars=max_chars,
         preview_chars=policy.preview_chars,
         handle=handle,
     )

@@ -36,6 +36,7 @@ from anabranch.messages import (
     ToolUseBlock,
 )
 from anabranch.runtime._approval import ApprovalGate, GatedRun, gate_calls, needs_approval
+from anabranch.runtime._built_blocks import result_block, user_message
 from anabranch.runtime._builtins import BuiltinTool, ToolOutcome
 from anabranch.runtime._context_view import ContextView, Ingested
 from anabranch.runtime._environment import Environment
@@ -45,7 +46,6 @@ from anabranch.runtime._history import (
     pin_handle,
     pin_record,
 )
-from anabranch.runtime._pipeline import plain_twin
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import SessionLimits, TurnNotes
 from anabranch.runtime._tool_exec import run_user_tool
@@ -109,10 +109,13 @@ class ToolCalls:
     appended_since_usage: list[Message]
     turns: int
     turn_base: int
-    _fresh_tools: tuple[tuple[str, ...], frozenset[str]] | None
-    """Tool calls of the response just committed here, and those marked started with it."""
+    _fresh_tools: tuple[list[ToolUseBlock], frozenset[str]] | None
+    """Tool calls of the response just committed here (the very blocks), and those marked
+    started with it."""
     committed_results: dict[str, ToolResultBlock]
     """The results of the latest calls as their finished events hold them."""
+    _ingest_now: IngestNow | None
+    """The pipeline's plain ``ingest`` (``plain_twin``), found once per run."""
     _scope_type: type[anyio.CancelScope] | None = None
     """The event loop's cancel scope class (found at the run's first tool call)."""
     fresh_calls: frozenset[str] = frozenset()
@@ -149,7 +152,7 @@ class ToolCalls:
         Each result is committed as it finishes, so a finished tool is never run again.
         """
         fresh, self._fresh_tools = self._fresh_tools, None
-        if fresh is not None and fresh[0] == tuple(u.id for u in uses):
+        if fresh is not None and fresh[0] == uses:  # (the same blocks: compared by identity)
             # answered in this process a moment ago: nothing of it can have finished yet
             finished: dict[str, ToolEventRecord] = {}
             started: AbstractSet[str] = frozenset()
@@ -201,7 +204,7 @@ class ToolCalls:
                 await self.env.store.save_spill(spill.handle, self.id, spill.call_id, spill.content)
             results.append(self._entering(use, outcomes[use.id], ingested.outcome))
         notes = await limits.next_turn(self)
-        message = Message(role="user", content=(*results, *notes.blocks))
+        message = user_message((*results, *notes.blocks))
         next_call = self._next_call_after(message) if notes.stop is None else None
         if next_call is None:
             await self.append(message)
@@ -217,15 +220,13 @@ class ToolCalls:
         self, uses: Sequence[ToolUseBlock], outcomes: dict[str, ToolOutcome]
     ) -> dict[str, ToolResultBlock]:
         """Each call's result as its committed ``finished`` event holds it."""
-        return {
-            use.id: ToolResultBlock(
-                tool_use_id=use.id,
-                content=outcomes[use.id].content,
-                is_error=outcomes[use.id].is_error,
-                attachments=outcomes[use.id].attachments,
+        committed = {}
+        for use in uses:
+            outcome = outcomes[use.id]
+            committed[use.id] = result_block(
+                use.id, outcome.content, outcome.is_error, outcome.attachments
             )
-            for use in uses
-        }
+        return committed
 
     def _entering(
         self, use: ToolUseBlock, committed: ToolOutcome, outcome: ToolOutcome
@@ -233,12 +234,7 @@ class ToolCalls:
         """The block for ``outcome``, the version of a result the pipeline let in."""
         if outcome is committed:  # enters the context as committed: the same block
             return self.committed_results[use.id]
-        return ToolResultBlock(
-            tool_use_id=use.id,
-            content=outcome.content,
-            is_error=outcome.is_error,
-            attachments=outcome.attachments,
-        )
+        return result_block(use.id, outcome.content, outcome.is_error, outcome.attachments)
 
     async def _run_calls(self, todo: Sequence[ToolUseBlock], turn: _Turn) -> None:
         """Run several calls in parallel, each outcome into ``turn.outcomes``."""
@@ -285,7 +281,7 @@ class ToolCalls:
         can be built without an await: nothing runs between the tool's return and this
         commit that did not before (and the next call's row with them, if it can be
         built now: that call's request and row last). None: the event is committed alone."""
-        ingest_now: IngestNow | None = plain_twin(self.env.pipeline, "ingest", "ingest_now")
+        ingest_now = self._ingest_now
         limits, gate = self.limits, turn.gate
         if ingest_now is None or limits.reads_ledger or gate.waiting or turn.nested:
             return None
@@ -312,7 +308,7 @@ class ToolCalls:
                 spills.append(SpillRecord(s.handle, self.id, s.call_id, s.content, now))
             results.append(self._entering(each, outcomes[each.id], ingested.outcome))
         notes = self.limits.next_turn_now(self)
-        message = Message(role="user", content=(*results, *notes.blocks))
+        message = user_message((*results, *notes.blocks))
         records = self.message_records([message])
         event = self._finished_event(use, outcome)
         store = self.env.store
