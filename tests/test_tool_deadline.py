@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 import types
 from collections.abc import Generator
@@ -15,7 +16,7 @@ import pytest
 from anabranch import Agent, Runtime, Tool, tool
 from anabranch.messages import ToolUseBlock
 from anabranch.runtime._builtins import ToolOutcome
-from anabranch.runtime._tool_exec import _Resumed, run_user_tool
+from anabranch.runtime._tool_exec import _Resumed, never_waits, run_user_tool
 from anabranch.testing import FunctionModel
 
 from .helpers import call, script
@@ -305,3 +306,78 @@ def test_a_resumed_await_returns_the_coroutines_value() -> None:
     with pytest.raises(StopIteration) as done:
         driver.send("it")
     assert done.value.value == "got it"
+
+
+async def _plain(x: str) -> str:
+    return x
+
+
+async def _waits_in_a_branch(x: str) -> str:
+    """Waits only when asked to."""
+    if x == "wait":
+        await anyio.lowlevel.checkpoint()
+    return x
+
+
+async def _async_with(x: str) -> str:
+    async with anyio.Lock():
+        return x
+
+
+async def _async_for(x: Any) -> None:
+    async for _ in x:
+        pass
+
+
+async def _async_comprehension(x: Any) -> list[Any]:
+    return [await y for y in x]
+
+
+async def _defines_a_waiting_one(x: str) -> Any:
+    async def inner() -> None:
+        await anyio.lowlevel.checkpoint()
+
+    return inner
+
+
+def test_only_an_async_def_without_a_suspension_never_waits() -> None:
+    """``never_waits`` is True only when the coroutine cannot suspend: its own code has no
+    ``await``, ``async for``, ``async with`` (an awaiting function it merely defines does
+    not run); anything it cannot be sure of is False."""
+    assert never_waits(_plain) and never_waits(_defines_a_waiting_one)
+    for function in (_waits_in_a_branch, _async_with, _async_for, _async_comprehension):
+        assert not never_waits(function), function.__name__
+    assert not never_waits(lambda: _plain("x"))  # returns a coroutine, is not one
+    assert not never_waits(functools.partial(_plain, "x"))
+    assert not never_waits(str)
+    assert never_waits(at_once.function) and not never_waits(waits_briefly.function)
+
+
+async def test_a_tool_that_cannot_wait_enters_no_scope_and_one_that_may_does() -> None:
+    """The deadline's scope is made only for a tool that may wait: a call of one that cannot
+    (``at_once``) enters none, while one that waits only sometimes always gets it."""
+    made: list[anyio.CancelScope] = []
+
+    def scope() -> anyio.CancelScope:
+        made.append(anyio.CancelScope())
+        return made[-1]
+
+    branchy = tool(timeout=5)(_waits_in_a_branch)
+    with anyio.fail_after(30):
+        for function, arguments, scopes in (
+            (at_once, {"text": "x"}, 0),
+            (branchy, {"x": "no"}, 1),
+            (branchy, {"x": "wait"}, 2),
+        ):
+            use = ToolUseBlock(id="toolu_1", name=function.name, input=arguments)
+            outcome = await run_user_tool(
+                function,
+                use,
+                session_id="s",
+                run_id="r",
+                agent_name="a",
+                default_timeout=None,
+                cancel_scope=scope,
+            )
+            assert not outcome.is_error, outcome
+            assert len(made) == scopes, function.name

@@ -15,12 +15,15 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import dis
 import functools
+import inspect
 import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Generator
 from contextlib import AbstractContextManager
+from types import CodeType
 from typing import Any
 
 import anyio
@@ -109,7 +112,7 @@ async def run_user_tool(
         if not tool.is_async:
             with _NO_LIMIT if timeout is None else anyio.fail_after(timeout):
                 value = await run_in_daemon_thread(functools.partial(tool.function, **kwargs))
-        elif timeout is None:
+        elif timeout is None or never_waits(tool.function):  # (no deadline could apply)
             value = await tool.function(**kwargs)
         else:
             with cancel_scope() as scope:  # entered first: the tool's own scopes nest in it
@@ -141,6 +144,31 @@ async def run_user_tool(
     if context is not None and context.pins:  # pins count once the call succeeded
         outcome = dataclasses.replace(outcome, pins=tuple(context.pins))
     return outcome
+
+
+_WAITS = frozenset({"SEND", "YIELD_VALUE", "YIELD_FROM"})
+"""What ``await``, ``async for`` and ``async with`` compile to: a coroutine's suspensions."""
+_NEVER_WAITS: dict[CodeType, bool] = {}
+"""``never_waits`` by code object (a tool's function is called again and again)."""
+NEVER_WAITS_KEPT = 1024
+
+
+def never_waits(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` is an ``async def`` whose own code cannot suspend (no
+    ``await``, ``async for`` or ``async with`` in it: what it calls is plain code), so the
+    coroutine it returns finishes or raises in its first step, before any deadline could
+    apply: it needs no cancel scope to hold one. ``False`` whenever that is not certain
+    (anything but a plain coroutine function)."""
+    code = getattr(function, "__code__", None)
+    if type(code) is not CodeType or not code.co_flags & inspect.CO_COROUTINE:
+        return False
+    known = _NEVER_WAITS.get(code)
+    if known is None:
+        known = not any(i.opname in _WAITS for i in dis.get_instructions(code))
+        if len(_NEVER_WAITS) >= NEVER_WAITS_KEPT:
+            _NEVER_WAITS.clear()
+        _NEVER_WAITS[code] = known
+    return known
 
 
 class _Resumed:
