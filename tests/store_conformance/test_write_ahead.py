@@ -135,6 +135,26 @@ async def test_a_failing_answer_leaves_the_run_running(store: Store) -> None:
     assert call.status is None
 
 
+async def test_a_run_starts_with_its_first_drives_span_row(backend: Backend) -> None:
+    store = await backend.open()
+    await add_session(store)
+    before = backend.commits()
+    trace, span = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    await store.create_run(
+        RunRecord(id="run_1", session_id="ses_1", agent_name="a", model="m", created=1.0),
+        messages=[_message(0)],
+        span=(trace, span),
+    )
+    assert backend.commits() == before + 1  # the run, its messages and the link: one commit
+    assert await store.run_spans("run_1") == [(trace, span)]
+    with pytest.raises(StoreError):  # run_1 exists: nothing of this transaction is kept
+        await store.create_run(
+            RunRecord(id="run_1", session_id="ses_1", agent_name="a", model="m", created=2.0),
+            span=("1" * 32, "2" * 16),
+        )
+    assert await store.run_spans("run_1") == [(trace, span)]
+
+
 async def test_a_finished_tool_event_is_read_back_whole(store: Store) -> None:
     await add_session(store)
     await add_run(store)

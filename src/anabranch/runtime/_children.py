@@ -68,6 +68,8 @@ async def open_run(
 
     A crash may have left ``existing`` without its prompt snapshot or first messages
     (they are separate commits): the missing parts are written now, as ``start`` would have.
+    The caller drives the run next, with no await in between: a new run's rows are
+    committed by ``drive``, with its span row (``AgentRun.start``'s ``with_drive``).
     """
     if existing is None:
         return await AgentRun.start(
@@ -80,6 +82,7 @@ async def open_run(
             depth=depth,
             mode=mode,
             snapshot=snapshot,
+            with_drive=True,
         )
     first = [Message.user(task)] if isinstance(task, str) else list(task)
     return await AgentRun.load(

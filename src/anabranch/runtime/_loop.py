@@ -70,7 +70,7 @@ from anabranch.runtime._run_prompt import build_prompt, run_request, with_breakp
 from anabranch.runtime._session_view import UsageTotals, trace_spend
 from anabranch.runtime._thinking_view import floor_after_load, request_messages
 from anabranch.runtime._tool_calls import INTERRUPTED_REPORT, ToolCalls
-from anabranch.store import CallRecord, RunRecord, Store
+from anabranch.store import CallRecord, MessageRecord, RunRecord, SnapshotRecord, Store
 from anabranch.traces import SpanRef, Tracing
 
 T = TypeVar("T")
@@ -129,6 +129,8 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         self.cache_watch = CacheWatch()
         self.stop: LimitStop | None = None
         """The limit that ended this run with a final report, if one did."""
+        self._start_rows: tuple[RunRecord, SnapshotRecord, list[MessageRecord]] | None = None
+        """A run started ``with_drive``: its start rows, committed by ``drive``."""
 
     # ------------------------------------------------------------------ creation
     @property
@@ -163,9 +165,15 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         mode: str = "root",
         snapshot: tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]] | None = None,
         run_id: str | None = None,
+        with_drive: bool = False,
     ) -> AgentRun:
         """Create and persist a new run: its record, prompt snapshot and first messages,
-        in one transaction (a crash leaves all of it or none)."""
+        in one transaction (a crash leaves all of it or none).
+
+        ``with_drive``: for a caller that drives the run next with no await in between,
+        the transaction is ``drive``'s first, together with the drive's span row (the
+        resume link; one write instead of two, and the same crash windows: nothing that
+        could stop the process runs between here and there)."""
         record = RunRecord(
             id=run_id or new_id("run"),
             session_id=env.session_id,
@@ -183,11 +191,13 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         messages = [Message.user(task)] if isinstance(task, str) else list(task)
         messages = await attach_relevant_memories(env, agent, messages)
         run.snapshot_version = 1
-        await env.store.create_run(
-            record,
-            snapshot=snapshot_record(run.id, run.snapshot_version, system, tools, reason="start"),
-            messages=run.message_records(messages),
-        )
+        snapshot_row = snapshot_record(run.id, run.snapshot_version, system, tools, reason="start")
+        if with_drive:
+            run._start_rows = (record, snapshot_row, run.message_records(messages))
+        else:
+            await env.store.create_run(
+                record, snapshot=snapshot_row, messages=run.message_records(messages)
+            )
         run.system, run.tools = system, tools
         run.own_usage, run.undriven = UsageTotals(), True  # no call or drive of it elsewhere
         run.next_seq = len(messages)
@@ -364,8 +374,13 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
             resumed_from=earlier,
         ) as span:
             ref = tracing.span_ref(span)
-            if ref is not None:  # so a resumed run's span can link back to this one
-                await store.add_run_span(self.env.session_id, self.id, ref.trace_id, ref.span_id)
+            link = (ref.trace_id, ref.span_id) if ref is not None else None
+            if self._start_rows is not None:  # started ``with_drive``: its rows and the link
+                record, snapshot_row, messages = self._start_rows
+                await store.create_run(record, snapshot=snapshot_row, messages=messages, span=link)
+                self._start_rows = None
+            elif link is not None:  # so a resumed run's span can link back to this one
+                await store.add_run_span(self.env.session_id, self.id, *link)
             limits = self.limits
             self.events.run_started()
             try:

@@ -360,7 +360,7 @@ class Runtime:
 
         async def start() -> AgentRun:
             await memory_session_start(env, agent)
-            return await AgentRun.start(env, agent, [first])
+            return await AgentRun.start(env, agent, [first], with_drive=True)
 
         return await drive_agent(
             self._driver, self.store, self._agents, session_id, agent.name, start, task=text
@@ -465,7 +465,7 @@ class Runtime:
             # between the read above and taking the lease (then it is loaded as it ended)
             current = await root_run(self.store, session_id)
             if current is None:  # crashed before the first message was committed
-                return await AgentRun.start(env, root_agent, session.task)
+                return await AgentRun.start(env, root_agent, session.task, with_drive=True)
             run = await AgentRun.load(env, root_agent, current)
             if stopped is not None:  # a limit stopped it: continue under the new budget
                 await run.continue_with(continue_notice(stopped, budget))

@@ -75,9 +75,12 @@ class Store(Protocol):
         *,
         snapshot: SnapshotRecord | None = None,
         messages: Sequence[MessageRecord] = (),
+        span: tuple[str, str] | None = None,
     ) -> None:
         """Commit a new run with its first prompt snapshot and messages in one transaction,
-        so a crash never leaves a run without its task."""
+        so a crash never leaves a run without its task. ``span``: the (hex) trace and span
+        id of its first drive, committed in the same transaction as ``add_run_span`` would
+        (a drive that starts the run writes once, and its resume link is never lost)."""
         ...
 
     async def finish_run(

@@ -19,6 +19,7 @@ __all__ = [
     "message_row",
     "run_end_row",
     "run_row",
+    "run_span_row",
     "snapshot_row",
     "spill_row",
     "tool_event_row",
@@ -109,4 +110,18 @@ def call_row(call: CallRecord) -> dict[str, Any]:
         "snapshot_version": call.snapshot_version,
         "compactions": call.compactions,
         "settings": call.settings,
+    }
+
+
+def run_span_row(
+    session_id: str, run_id: str, trace_id: str | bytes, span_id: str | bytes
+) -> dict[str, Any]:
+    """A drive's ``run_spans`` row: the trace and span id of its span (hex, or the bytes
+    they spell where a backend keeps them so)."""
+    return {
+        "session_id": session_id,
+        "run_id": run_id,
+        "trace_id": trace_id,
+        "span_id": span_id,
+        "created": time.time(),
     }

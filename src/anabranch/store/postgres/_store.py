@@ -43,6 +43,7 @@ from anabranch.store._rows import (
     message_row,
     run_end_row,
     run_row,
+    run_span_row,
     snapshot_row,
     spill_row,
     tool_event_row,
@@ -329,18 +330,23 @@ class PostgresStore(Reads):
         *,
         snapshot: SnapshotRecord | None = None,
         messages: Sequence[MessageRecord] = (),
+        span: tuple[str, str] | None = None,
     ) -> None:
         """Commit a new run with its first prompt snapshot and messages in one transaction,
-        so a crash never leaves a run without its task."""
+        so a crash never leaves a run without its task (with ``span``, its first drive's
+        span row too)."""
         values = run_row(run)
         snapshot_values = snapshot_row(snapshot) if snapshot else None
         message_values = [message_row(m) for m in messages]
+        span_values = run_span_row(run.session_id, run.id, *span) if span is not None else None
 
         def write(tx: Tx) -> None:
             insert(tx, "runs", values)
             if snapshot_values:
                 insert(tx, "snapshots", snapshot_values)
             self._insert_messages(tx, message_values)
+            if span_values is not None:
+                insert(tx, "run_spans", span_values)
 
         await self._write(write, session=run.session_id)
         self._run_sessions[run.id] = run.session_id
@@ -577,11 +583,5 @@ class PostgresStore(Reads):
     async def add_run_span(self, session_id: str, run_id: str, trace_id: str, span_id: str) -> None:
         """Remember the (hex) trace and span id of one drive of a run (for a graph's own
         span, ``run_id`` is the session id)."""
-        values = {
-            "session_id": session_id,
-            "run_id": run_id,
-            "trace_id": trace_id,
-            "span_id": span_id,
-            "created": time.time(),
-        }
+        values = run_span_row(session_id, run_id, trace_id, span_id)
         await self._write(lambda tx: insert(tx, "run_spans", values), session=session_id)

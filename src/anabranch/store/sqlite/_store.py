@@ -27,7 +27,7 @@ from anabranch.store._records import (
     SessionRecord,
     SnapshotRecord,
 )
-from anabranch.store._rows import run_end_row, run_row
+from anabranch.store._rows import run_end_row, run_row, run_span_row
 from anabranch.store.sqlite._budgets import SQLiteBudgets
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._history import SQLiteHistory
@@ -63,6 +63,11 @@ def _live_owner(rows: Sequence[tuple[Any, ...]]) -> str | None:
     if host == socket.gethostname() and not pid_alive(pid):
         return None
     return str(owner)
+
+
+def _span_row(session_id: str, run_id: str, trace_id: str, span_id: str) -> dict[str, Any]:
+    """A drive's ``run_spans`` row, its (hex) ids kept as the bytes they spell."""
+    return run_span_row(session_id, run_id, hex_bytes(trace_id), hex_bytes(span_id))
 
 
 class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
@@ -292,12 +297,15 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
         *,
         snapshot: SnapshotRecord | None = None,
         messages: Sequence[MessageRecord] = (),
+        span: tuple[str, str] | None = None,
     ) -> None:
         """Commit a new run with its first prompt snapshot and messages in one transaction,
-        so a crash never leaves a run without its task."""
+        so a crash never leaves a run without its task (with ``span``, its first drive's
+        span row too)."""
         values = run_row(run)
         snapshot_values = snapshot_row(snapshot) if snapshot else None
         message_values = [message_row(m) for m in messages]
+        span_values = _span_row(run.session_id, run.id, *span) if span is not None else None
 
         def write(conn: sqlite3.Connection) -> None:
             insert(conn, "runs", values)
@@ -305,6 +313,8 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
                 insert(conn, "snapshots", snapshot_values)
             for value in message_values:
                 insert(conn, "messages", value)
+            if span_values is not None:
+                insert(conn, "run_spans", span_values)
 
         await self._sql.write(write)
 
@@ -373,13 +383,7 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
     async def add_run_span(self, session_id: str, run_id: str, trace_id: str, span_id: str) -> None:
         """Remember the (hex) trace and span id of one drive of a run (for a graph's own
         span, ``run_id`` is the session id); kept as the bytes they spell."""
-        values = {
-            "session_id": session_id,
-            "run_id": run_id,
-            "trace_id": hex_bytes(trace_id),
-            "span_id": hex_bytes(span_id),
-            "created": time.time(),
-        }
+        values = _span_row(session_id, run_id, trace_id, span_id)
         await self._sql.write(lambda conn: insert(conn, "run_spans", values))
 
     async def run_spans(self, run_id: str, limit: int | None = None) -> list[tuple[str, str]]:
