@@ -339,29 +339,29 @@ async def test_resuming_a_finished_session_does_not_call_the_model(db: Db) -> No
 
 
 async def test_stop_after_the_answer_was_committed(db: Db) -> None:
-    """The root's answer is committed but the session was not marked done yet."""
+    """The root's answer is committed but the session was not marked done yet (its end
+    goes with the lease's release: the process stops before that transaction)."""
     agent = Agent(name="worker")
-    reached = anyio.Event()
     ids: list[str] = []
+
+    class Stopped(Exception):
+        pass
+
     async with Runtime(db=db, model=FunctionModel(lambda r: "the answer"), retry=FAST) as rt:
         store = rt.store
-        original = store.set_session_status
+        original = store.release_lease
 
-        async def hold_done(session_id: str, status: Any, **kwargs: Any) -> None:
-            if status == "done":
-                reached.set()
-                await anyio.sleep_forever()
-            await original(session_id, status, **kwargs)
+        async def stop_at_done(session_id: str, owner: str, **kwargs: Any) -> None:
+            if kwargs.get("status") == "done":
+                raise Stopped  # nothing of this transaction is written
+            await original(session_id, owner, **kwargs)
 
-        store.set_session_status = hold_done  # type: ignore[method-assign]
-        async with anyio.create_task_group() as group:
-
-            async def run() -> None:
-                await rt.run(agent, "question", on_session=ids.append)
-
-            group.start_soon(run)
-            await reached.wait()
-            group.cancel_scope.cancel()
+        store.release_lease = stop_at_done  # type: ignore[method-assign]
+        with pytest.raises(Stopped):
+            await rt.run(agent, "question", on_session=ids.append)
+        assert await rt.store.lease_holder(ids[0]) is None  # given back all the same
+        session = await rt.store.get_session(ids[0])
+        assert session is not None and session.status == "running"
     assert rows(db, "SELECT status, output FROM run_ends") == [("done", "the answer")]
 
     async with Runtime(db=db, model=FunctionModel(_refuse), agents=[agent]) as rt:

@@ -43,10 +43,12 @@ class GatedStore(SQLiteStore):
 
     gate: Gate | None = None
 
-    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, *, running: bool = False
+    ) -> None:
         gate, self.gate = self.gate, None
         await _through(gate)
-        await super().acquire_lease(session_id, owner, ttl)
+        await super().acquire_lease(session_id, owner, ttl, running=running)
 
 
 class GatedPostgresStore(PostgresStore):
@@ -54,10 +56,12 @@ class GatedPostgresStore(PostgresStore):
 
     gate: Gate | None = None
 
-    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, *, running: bool = False
+    ) -> None:
         gate, self.gate = self.gate, None
         await _through(gate)
-        await super().acquire_lease(session_id, owner, ttl)
+        await super().acquire_lease(session_id, owner, ttl, running=running)
 
 
 def _network_down(request: ModelRequest) -> str:

@@ -48,3 +48,31 @@ async def test_leases_are_per_session(store: Store) -> None:
     await store.acquire_lease("ses_2", "owner-b", ttl=60)
     assert await store.lease_holder("ses_1") == "owner-a"
     assert await store.lease_holder("ses_2") == "owner-b"
+
+
+async def test_a_lease_is_taken_with_the_running_status_and_given_back_with_the_end(
+    backend: Backend,
+) -> None:
+    store, other = await backend.open(), await backend.open()
+    await add_session(store)
+    await store.set_session_status("ses_1", "failed", error="earlier drive")
+    await other.acquire_lease("ses_1", "owner-b", ttl=60)
+    with pytest.raises(SessionBusyError):  # refused: nothing of that transaction is kept
+        await store.acquire_lease("ses_1", "owner-a", ttl=60, running=True)
+    session = await store.get_session("ses_1")
+    assert session is not None and session.status == "failed"
+    await other.release_lease("ses_1", "owner-b")
+    before = backend.commits()
+    await store.acquire_lease("ses_1", "owner-a", ttl=60, running=True)
+    assert backend.commits() == before + 1  # the lease and the status: one transaction
+    session = await other.get_session("ses_1")
+    assert session is not None and session.status == "running"
+    assert await other.lease_holder("ses_1") == "owner-a"
+    before = backend.commits()
+    await store.release_lease("ses_1", "owner-a", status="done", output="the answer")
+    assert backend.commits() == before + 1
+    session = await other.get_session("ses_1")
+    assert session is not None
+    assert (session.status, session.output, session.error) == ("done", "the answer", None)
+    assert session.finished is not None
+    assert await other.lease_holder("ses_1") is None

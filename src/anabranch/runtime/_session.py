@@ -8,11 +8,13 @@ Driving a session, in order:
    process finished it after the caller last read it: a duplicate or recovered DBOS
    workflow meets this): then write nothing but a missing end, give the lease back and
    return that end. A finished session is never re-opened.
-2. Record ``running`` and run the body, while a sibling task renews the lease every third
-   of its ttl.
+2. Record ``running`` (with the lease, in its transaction, when there was nothing to ask
+   in step 1) and run the body, while a sibling task renews the lease every third of its
+   ttl.
 3. The body returns how the session ended (``SessionEnd``); an exception from it is a
    ``failed`` end carrying the exception (``ApprovalPendingError``: a ``waiting`` end, the
-   session paused until the approval is answered). Record that status.
+   session paused until the approval is answered). Record that status, in the same
+   transaction that gives the lease back.
 4. Cleanup is shielded from cancellation: a cancelled drive records ``cancelled`` and
    always releases the lease.
 5. Lease loss (a renewal finds another owner: this process stalled past its ttl and was
@@ -27,7 +29,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypedDict, TypeVar
 
 import anyio
 
@@ -62,6 +64,21 @@ class SessionEnd:
         return cls("failed", output=output, error=str(exc) or type(exc).__name__, cause=exc)
 
 
+class _EndStatus(TypedDict):
+    status: SessionStatus
+    output: str | None
+    error: str | None
+
+
+class _Held:
+    """A held lease: the session end to record as it is given back, if any."""
+
+    __slots__ = ("end",)
+
+    def __init__(self) -> None:
+        self.end: SessionEnd | None = None
+
+
 class SessionDriver:
     """Drives sessions of one runtime: leases, renewal, status events, cleanup."""
 
@@ -84,16 +101,37 @@ class SessionDriver:
     @asynccontextmanager
     async def lease(self, session_id: str) -> AsyncIterator[None]:
         """Hold the session's lease for a short piece of work (no renewal)."""
+        async with self._held(session_id):
+            yield
+
+    @asynccontextmanager
+    async def _held(self, session_id: str, *, running: bool = False) -> AsyncIterator[_Held]:
+        """``lease``. ``running``: record the session running with the lease (one write).
+        An end set on the yielded ``_Held`` is recorded as the lease is given back, in the
+        same write."""
         if session_id in self._driving:
             raise SessionBusyError(session_id, f"this runtime ({self.owner})")
-        await self.store.acquire_lease(session_id, self.owner, self.lease_ttl)
+        await self.store.acquire_lease(session_id, self.owner, self.lease_ttl, running=running)
         self._driving.add(session_id)
+        held = _Held()
         try:
-            yield
+            yield held
         finally:
             self._driving.discard(session_id)
             with anyio.CancelScope(shield=True):
-                await self.store.release_lease(session_id, self.owner)
+                await self._release(session_id, held.end)
+
+    async def _release(self, session_id: str, end: SessionEnd | None) -> None:
+        """Give the lease back (recording ``end`` first, in the same transaction)."""
+        if end is None:
+            await self.store.release_lease(session_id, self.owner)
+            return
+        try:
+            end_status = self._end_status(session_id, end)
+            await self.store.release_lease(session_id, self.owner, **end_status)
+        except BaseException:  # the end was not recorded: still give the lease back
+            await self.store.release_lease(session_id, self.owner)
+            raise
 
     async def drive(
         self,
@@ -152,15 +190,17 @@ class SessionDriver:
                     scope.cancel()
                     return
 
-        async with self.lease(session_id):
+        # with nothing to read under the lease first, ``running`` is written with it
+        async with self._held(session_id, running=ended is None) as held:
             already = await ended() if ended is not None else None
             if already is not None:
                 session = await store.get_session(session_id)
                 if session is None or session.status != already.status or not session.finished:
-                    await self.record(session_id, already)  # its process stopped before
+                    held.end = already  # its process stopped before: recorded with the release
                 return already
             try:
-                await store.set_session_status(session_id, "running")
+                if ended is not None:
+                    await store.set_session_status(session_id, "running")
                 async with anyio.create_task_group() as group:
                     group.start_soon(keep_lease, group.cancel_scope)
                     try:
@@ -181,12 +221,17 @@ class SessionDriver:
                 # out): write nothing more
                 raise LeaseLostError(session_id, self.owner)
             assert end is not None
-            await self.record(session_id, end)
+            held.end = end  # recorded as the lease is given back, in the same write
         return end
 
     async def record(self, session_id: str, end: SessionEnd) -> None:
         """Record a session's end (the caller holds its lease)."""
+        await self.store.set_session_status(session_id, **self._end_status(session_id, end))
+
+    @staticmethod
+    def _end_status(session_id: str, end: SessionEnd) -> _EndStatus:
+        """What recording ``end`` writes (its error told which session it failed)."""
         if isinstance(end.cause, AnabranchError):
             end.cause.session_id = session_id
         output = end.output if end.status in ("done", "incomplete") else None
-        await self.store.set_session_status(session_id, end.status, output=output, error=end.error)
+        return {"status": end.status, "output": output, "error": end.error}

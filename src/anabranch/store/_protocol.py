@@ -54,8 +54,12 @@ class Store(Protocol):
 
     async def list_sessions(self, limit: int = 100) -> list[SessionRecord]: ...
 
-    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
-        """Take the session's lease, or raise ``SessionBusyError`` if a live owner has it."""
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, *, running: bool = False
+    ) -> None:
+        """Take the session's lease, or raise ``SessionBusyError`` if a live owner has it.
+        ``running``: record the session ``running`` too (as ``set_session_status``), in
+        the same transaction."""
         ...
 
     async def renew_lease(self, session_id: str, owner: str, ttl: float) -> bool:
@@ -63,7 +67,18 @@ class Store(Protocol):
         it over after it expired)."""
         ...
 
-    async def release_lease(self, session_id: str, owner: str) -> None: ...
+    async def release_lease(
+        self,
+        session_id: str,
+        owner: str,
+        *,
+        status: RunStatus | None = None,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Give the lease up. With ``status``: record the session's end first (as
+        ``set_session_status``), in the same transaction."""
+        ...
 
     async def lease_holder(self, session_id: str) -> str | None:
         """The live owner of the session's lease, if any."""

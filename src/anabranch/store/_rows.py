@@ -20,6 +20,7 @@ __all__ = [
     "run_end_row",
     "run_row",
     "run_span_row",
+    "session_event_row",
     "snapshot_row",
     "spill_row",
     "tool_event_row",
@@ -123,5 +124,18 @@ def run_span_row(
         "run_id": run_id,
         "trace_id": trace_id,
         "span_id": span_id,
+        "created": time.time(),
+    }
+
+
+def session_event_row(
+    session_id: str, status: str, output: str | None = None, error: str | None = None
+) -> dict[str, Any]:
+    """A session's status change (``set_session_status``'s row)."""
+    return {
+        "session_id": session_id,
+        "status": status,
+        "output": output,
+        "error": error,
         "created": time.time(),
     }

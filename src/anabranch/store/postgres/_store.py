@@ -22,7 +22,7 @@ from dataclasses import asdict
 from typing import Any, Literal, TypeVar
 
 from anabranch._process import pid_alive
-from anabranch.errors import LeaseLostError, SessionBusyError
+from anabranch.errors import LeaseLostError
 from anabranch.store._dsn import redact_dsn
 from anabranch.store._records import (
     BoundaryRecord,
@@ -44,11 +44,13 @@ from anabranch.store._rows import (
     run_end_row,
     run_row,
     run_span_row,
+    session_event_row,
     snapshot_row,
     spill_row,
     tool_event_row,
 )
 from anabranch.store.postgres._connection import NOW, Connections, Fence, Later, Tx, connect
+from anabranch.store.postgres._leases import take_lease
 from anabranch.store.postgres._migrate import migrate
 from anabranch.store.postgres._reads import Reads
 from anabranch.store.postgres._statements import (
@@ -220,56 +222,22 @@ class PostgresStore(Reads):
         output: str | None = None,
         error: str | None = None,
     ) -> None:
-        values = {
-            "session_id": session_id,
-            "status": status,
-            "output": output,
-            "error": error,
-            "created": time.time(),
-        }
+        values = session_event_row(session_id, status, output, error)
         await self._write(lambda tx: insert(tx, "session_events", values), session=session_id)
 
     # ----------------------------------------------------------------- leases
-    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
-        """Take the session's lease, or raise ``SessionBusyError`` if a live owner has it."""
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, *, running: bool = False
+    ) -> None:
+        """Take the session's lease, or raise ``SessionBusyError`` if a live owner has it
+        (with ``running``: and record the session running, in the same transaction)."""
         host, pid = socket.gethostname(), os.getpid()
+        event = session_event_row(session_id, "running") if running else None
 
         def write(tx: Tx) -> None:
-            # never wait for a lease row another transaction has locked: its holder may be
-            # frozen mid-commit (until the server ends it, see ``stall_timeout``), and a
-            # wait here would stop this store's every write with it
-            row = tx.execute(
-                f"SELECT owner, host, pid, expires, {NOW} AS now FROM leases "
-                "WHERE session_id = %s FOR UPDATE SKIP LOCKED",
-                (session_id,),
-            ).fetchone()
-            if row is None and tx.execute(
-                "SELECT 1 FROM leases WHERE session_id = %s", (session_id,)
-            ).fetchone():
-                raise SessionBusyError(session_id, "a process committing to it")
-            values = {
-                "session_id": session_id,
-                "owner": owner,
-                "host": host,
-                "pid": pid,
-                "ttl": ttl,
-            }
-            if row is None:
-                tx.send(
-                    "INSERT INTO leases (session_id, owner, host, pid, expires) VALUES "
-                    f"(%(session_id)s, %(owner)s, %(host)s, %(pid)s, {NOW} + %(ttl)s)",
-                    values,
-                )
-                return
-            if row["owner"] != owner:
-                dead = row["host"] == host and row["pid"] != pid and not pid_alive(row["pid"])
-                if row["expires"] > row["now"] and not dead:
-                    raise SessionBusyError(session_id, f"{row['owner']} on {row['host']}")
-            tx.send(
-                "UPDATE leases SET owner = %(owner)s, host = %(host)s, pid = %(pid)s, "
-                f"expires = {NOW} + %(ttl)s, epoch = epoch + 1 WHERE session_id = %(session_id)s",
-                values,
-            )
+            take_lease(tx, session_id, owner, host, pid, ttl)
+            if event is not None:
+                insert(tx, "session_events", event)
 
         await self._connections.write(write)
         self._held[session_id] = owner
@@ -293,11 +261,23 @@ class PostgresStore(Reads):
             self._lost.add(session_id)
         return renewed
 
-    async def release_lease(self, session_id: str, owner: str) -> None:
+    async def release_lease(
+        self,
+        session_id: str,
+        owner: str,
+        *,
+        status: RunStatus | None = None,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> None:
         """Give the lease up. The row stays (expired) and keeps its owner, so a process
-        that stalled past its lease is still recognised as fenced afterwards."""
+        that stalled past its lease is still recognised as fenced afterwards. With
+        ``status``: record the session's end first, in the same (fenced) transaction."""
+        end = session_event_row(session_id, status, output, error) if status else None
 
         def write(tx: Tx) -> Later[bool]:
+            if end is not None:
+                insert(tx, "session_events", end)
             return rowcount(
                 tx.execute(
                     "UPDATE leases SET expires = 0 WHERE session_id = %s AND owner = %s",
@@ -305,7 +285,8 @@ class PostgresStore(Reads):
                 )
             )
 
-        released = await self._connections.write_later(write)
+        fence = self._fence(session_id, None, None) if end is not None else None
+        released = await self._connections.write_later(write, fence)
         if self._held.get(session_id) == owner:
             del self._held[session_id]
             if not released:

@@ -27,7 +27,7 @@ from anabranch.store._records import (
     SessionRecord,
     SnapshotRecord,
 )
-from anabranch.store._rows import run_end_row, run_row, run_span_row
+from anabranch.store._rows import run_end_row, run_row, run_span_row, session_event_row
 from anabranch.store.sqlite._budgets import SQLiteBudgets
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._history import SQLiteHistory
@@ -150,13 +150,7 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
         output: str | None = None,
         error: str | None = None,
     ) -> None:
-        values = {
-            "session_id": session_id,
-            "status": status,
-            "output": output,
-            "error": error,
-            "created": time.time(),
-        }
+        values = session_event_row(session_id, status, output, error)
         await self._sql.write(lambda conn: insert(conn, "session_events", values))
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
@@ -237,9 +231,13 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
         return deleted
 
     # ----------------------------------------------------------------- leases
-    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> None:
-        """Take the session's lease, or raise ``SessionBusyError`` if a live owner has it."""
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, *, running: bool = False
+    ) -> None:
+        """Take the session's lease, or raise ``SessionBusyError`` if a live owner has it
+        (with ``running``: and record the session running, in the same transaction)."""
         host, pid = socket.gethostname(), os.getpid()
+        event = session_event_row(session_id, "running") if running else None
 
         def write(conn: sqlite3.Connection) -> None:
             row = conn.execute(
@@ -257,6 +255,8 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
                 "VALUES (?, ?, ?, ?, ?)",
                 (session_id, owner, host, pid, now + ttl),
             )
+            if event is not None:
+                insert(conn, "session_events", event)
 
         await self._sql.write(write)
 
@@ -273,12 +273,27 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
 
         return await self._sql.write(write)
 
-    async def release_lease(self, session_id: str, owner: str) -> None:
-        await self._sql.write(
-            lambda conn: conn.execute(
+    async def release_lease(
+        self,
+        session_id: str,
+        owner: str,
+        *,
+        status: RunStatus | None = None,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Give the lease up (with ``status``: record the session's end first, in the same
+        transaction)."""
+        end = session_event_row(session_id, status, output, error) if status else None
+
+        def write(conn: sqlite3.Connection) -> None:
+            if end is not None:
+                insert(conn, "session_events", end)
+            conn.execute(
                 "DELETE FROM leases WHERE session_id = ? AND owner = ?", (session_id, owner)
             )
-        )
+
+        await self._sql.write(write)
 
     async def lease_holder(self, session_id: str) -> str | None:
         """The live owner of the session's lease, if any."""
