@@ -15,8 +15,8 @@ from opentelemetry.trace import format_span_id, format_trace_id
 
 from anabranch import Agent, Runtime
 from anabranch.messages import ModelRequest, ToolUseBlock
-from anabranch.runtime._context_view import ContextView
-from anabranch.runtime._pipeline import ContextChange, PassThroughPipeline
+from anabranch.runtime._context_view import ContextChange, ContextView
+from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.testing import FunctionModel
 
 from .helpers import sql, traced_store
