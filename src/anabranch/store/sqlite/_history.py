@@ -8,6 +8,7 @@ import sqlite3
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import fields
+from functools import partial
 from typing import Any, Literal
 
 from anabranch.errors import StoreError
@@ -55,6 +56,65 @@ _SPILL_SQL = """
 """A spill with its text (read from its tool event if it refers to one)."""
 
 
+Row = dict[str, Any]
+
+
+def _begin_call(
+    event: Row | None,
+    spills: tuple[Row, ...],
+    messages: tuple[Row, ...],
+    call: Row,
+    conn: sqlite3.Connection,
+) -> int:
+    """``begin_call``'s write: a tool event, spills, messages and the call row, in this
+    order; the call's id.
+
+    The hot writes are module functions bound with ``partial`` and their rows held in
+    tuples: a write waiting for its batch then keeps two tracked objects of its own
+    alive (the partial and its arguments), where a closure kept a function, its closure
+    tuple, a cell per name and a list per group of rows (empty or not), all of which the
+    young collections walk while the batch waits for the writer thread."""
+    if event is not None:
+        insert(conn, "tool_events", event)
+    _spills_and_messages(spills, messages, conn)
+    return insert(conn, "calls", call)
+
+
+def _tool_event(
+    event: Row, spills: tuple[Row, ...], messages: tuple[Row, ...], conn: sqlite3.Connection
+) -> None:
+    """``record_tool_event``'s write: the event, then spills and messages."""
+    insert(conn, "tool_events", event)
+    _spills_and_messages(spills, messages, conn)
+
+
+def _spills_and_messages(
+    spills: tuple[Row, ...], messages: tuple[Row, ...], conn: sqlite3.Connection
+) -> None:
+    for spill in spills:
+        conn.execute(_SAVE_SPILL, dehydrate(conn, "spills", spill))
+    for value in messages:
+        insert(conn, "messages", value)
+
+
+def _finish_call(
+    message: Row | None,
+    outcome: Row,
+    events: tuple[Row, ...],
+    end: Row | None,
+    conn: sqlite3.Connection,
+) -> None:
+    """``finish_call``'s write: the answer, its outcome, its tools' ``started`` events and
+    (for an answer that ends its run) the run's end."""
+    if message is not None:
+        insert(conn, "messages", message)
+    insert(conn, "call_outcomes", outcome)
+    for event in events:
+        insert(conn, "tool_events", event)
+    if end is not None:
+        insert(conn, "run_ends", end)
+
+
 class SQLiteHistory:
     """Queries over a run's history on one group-committed SQLite connection."""
 
@@ -97,20 +157,15 @@ class SQLiteHistory:
         function returning the group commit's coroutine, as ``finish_call`` and
         ``record_tool_event``: a write in flight holds no frame of the store's.)"""
         event = tool_event_row(tool_event) if tool_event is not None else None
-        spill_values = [spill_row(s) for s in spills]
-        values = [message_row(m) for m in messages]
-        values_of_call = call_values(call)
-
-        def write(conn: sqlite3.Connection) -> int:
-            if event is not None:
-                insert(conn, "tool_events", event)
-            for spill in spill_values:
-                conn.execute(_SAVE_SPILL, dehydrate(conn, "spills", spill))
-            for value in values:
-                insert(conn, "messages", value)
-            return insert(conn, "calls", values_of_call)
-
-        return self._sql.write(write)
+        return self._sql.write(
+            partial(
+                _begin_call,
+                event,
+                tuple(spill_row(s) for s in spills),
+                tuple(message_row(m) for m in messages),
+                call_values(call),
+            )
+        )
 
     def finish_call(
         self,
@@ -130,8 +185,6 @@ class SQLiteHistory:
         """Commit the call's outcome (and the assistant message, and the ``started`` events
         of the tool calls it asks for; with ``run_output`` the run's end) in one
         transaction."""
-        message_values = message_row(message) if message else None
-        events = [tool_event_row(e) for e in tool_events]
         end = None
         if message is not None and run_output is not None:  # the answer ends its run
             end = run_end_row(message.run_id, run_output)
@@ -147,17 +200,15 @@ class SQLiteHistory:
             "message_seq": message.seq if message else None,
             "created": time.time(),
         }
-
-        def write(conn: sqlite3.Connection) -> None:
-            if message_values:
-                insert(conn, "messages", message_values)
-            insert(conn, "call_outcomes", outcome)
-            for event in events:
-                insert(conn, "tool_events", event)
-            if end is not None:
-                insert(conn, "run_ends", end)
-
-        return self._sql.write(write)
+        return self._sql.write(
+            partial(
+                _finish_call,
+                message_row(message) if message else None,
+                outcome,
+                tuple(tool_event_row(e) for e in tool_events),
+                end,
+            )
+        )
 
     async def close_interrupted_calls(self, run_id: str) -> list[CallRecord]:
         """Record an ``interrupted`` outcome for every call of the run still in flight.
@@ -308,18 +359,14 @@ class SQLiteHistory:
         messages: Sequence[MessageRecord] = (),
     ) -> Coroutine[Any, Any, None]:
         """Commit a tool event, then ``spills`` and ``messages``, in one transaction."""
-        values = tool_event_row(event)
-        spill_values = [spill_row(s) for s in spills]
-        message_values = [message_row(m) for m in messages]
-
-        def write(conn: sqlite3.Connection) -> None:
-            insert(conn, "tool_events", values)
-            for spill in spill_values:
-                conn.execute(_SAVE_SPILL, dehydrate(conn, "spills", spill))
-            for value in message_values:
-                insert(conn, "messages", value)
-
-        return self._sql.write(write)
+        return self._sql.write(
+            partial(
+                _tool_event,
+                tool_event_row(event),
+                tuple(spill_row(s) for s in spills),
+                tuple(message_row(m) for m in messages),
+            )
+        )
 
     async def tool_events(self, run_id: str, call_ids: Sequence[str]) -> list[ToolEventRecord]:
         if not call_ids:
