@@ -175,11 +175,9 @@ class Message(_Frozen):
         """Characters of the text parts (images and documents are counted apart)."""
         total = 0
         for block in self.content:
-            if type(block) is ToolResultBlock:  # the usual blocks told apart with no call
+            if type(block) is ToolResultBlock:  # the usual block told apart with no call
                 total += len(block.content)
-            elif type(block) is TextBlock:
-                total += len(block.text)
-            elif isinstance(block, TextBlock):
+            elif isinstance(block, TextBlock):  # (an exact match needs no call either)
                 total += len(block.text)
             elif isinstance(block, ToolUseBlock):
                 total += len(block.name) + len(canonical_json(block.input))
