@@ -22,20 +22,13 @@ from anabranch.messages import Document, Image, Usage, valid_text
 from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime import _queued
-from anabranch.runtime._agent_session import (
-    ENDED,
-    agent_result,
-    drive_agent,
-    ended_root,
-    root_end,
-    root_run,
-)
+from anabranch.runtime._agent_resume import resume_agent
+from anabranch.runtime._agent_session import drive_agent
 from anabranch.runtime._approval import PendingApproval, decide, pending_approvals
 from anabranch.runtime._budgets import (
     check_budget,
     check_tenant_budgets,
     open_limits,
-    refuse_continue,
     refuse_start,
 )
 from anabranch.runtime._builtins import BuiltinTool
@@ -71,7 +64,7 @@ from anabranch.runtime._memory import memory_session_start
 from anabranch.runtime._pipeline import ContextPipeline
 from anabranch.runtime._results import GraphResult, RunResult, session_usage
 from anabranch.runtime._rewind import rewind_run
-from anabranch.runtime._run_limits import SessionLimits, continue_notice
+from anabranch.runtime._run_limits import SessionLimits
 from anabranch.runtime._session import SessionDriver
 from anabranch.runtime._spawn import SpawnLimits
 from anabranch.runtime._task_input import task_message, task_text
@@ -200,7 +193,9 @@ class Runtime:
 
     async def aclose(self) -> None:
         """Close the store (unless it was given) and the model client this runtime created."""
-        self._session_driver = None
+        if self._session_driver is not None:
+            driver, self._session_driver = self._session_driver, None
+            await driver.aclose()
         if self._submitter is not None:
             submitter, self._submitter = self._submitter, None
             await submitter.close()
@@ -443,44 +438,14 @@ class Runtime:
             return await resume_graph(env, self._driver, graph, session)
         if session.kind != "agent":
             raise UserError(f"cannot resume a session of kind {session.kind!r}")
-        root = await root_run(self.store, session_id)
-        stopped = root if root is not None and root.status == "incomplete" and budget else None
-        if root is not None and root.status in ENDED and stopped is None:
-            # Nothing left to run (the process may have stopped before the session's
-            # status was committed: record it now).
-            end = root_end(root)
-            if session.status != root.status:
-                async with self._driver.lease(session_id):
-                    await self._driver.record(session_id, end)
-            return await agent_result(
-                self.store, self._agents, session_id, root.id, root.agent_name, end
-            )
-        root_agent = self.resolve_agent(session, agent)
-        env = await self.session_environment(session_id, budget=budget)
-        if stopped is not None:
-            await refuse_continue(env.extras["limits"], session_id)
-
-        async def load() -> AgentRun:
-            # read again under the lease: another process may have driven the session
-            # between the read above and taking the lease (then it is loaded as it ended)
-            current = await root_run(self.store, session_id)
-            if current is None:  # crashed before the first message was committed
-                return await AgentRun.start(env, root_agent, session.task, with_drive=True)
-            run = await AgentRun.load(env, root_agent, current)
-            if stopped is not None:  # a limit stopped it: continue under the new budget
-                await run.continue_with(continue_notice(stopped, budget))
-            return run
-
-        return await drive_agent(
+        return await resume_agent(
             self._driver,
             self.store,
             self._agents,
-            session_id,
-            root_agent.name,
-            load,
-            task=session.task,
-            resumed=True,
-            ended=ended_root(self.store, session_id, continuing=stopped is not None),
+            session,
+            resolve=lambda: self.resolve_agent(session, agent),
+            environment=lambda: self.session_environment(session_id, budget=budget),
+            budget=budget,
         )
 
     async def send(

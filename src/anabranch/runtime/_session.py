@@ -9,8 +9,8 @@ Driving a session, in order:
    workflow meets this): then write nothing but a missing end, give the lease back and
    return that end. A finished session is never re-opened.
 2. Record ``running`` (with the lease, in its transaction, when there was nothing to ask
-   in step 1) and run the body, while a sibling task renews the lease every third of its
-   ttl.
+   in step 1) and run the body, while the driver's ``LeaseKeeper`` renews the lease every
+   third of its ttl (one task renews every lease the driver holds).
 3. The body returns how the session ended (``SessionEnd``); an exception from it is a
    ``failed`` end carrying the exception (``ApprovalPendingError``: a ``waiting`` end, the
    session paused until the approval is answered). Record that status, in the same
@@ -18,7 +18,8 @@ Driving a session, in order:
 4. Cleanup is shielded from cancellation: a cancelled drive records ``cancelled`` and
    always releases the lease.
 5. Lease loss (a renewal finds another owner: this process stalled past its ttl and was
-   taken over) cancels the body and writes nothing more: ``LeaseLostError``.
+   taken over) cancels the body and writes nothing more: ``LeaseLostError``. A renewal
+   that fails cancels the body too, and the drive raises its error.
 
 Each drive is announced on the runtime's event bus (``session_started`` first,
 ``session_finished`` with the result last), and ``on_event`` is fed from a task of its own.
@@ -41,6 +42,7 @@ from anabranch.errors import (
 )
 from anabranch.runtime._event_stream import SessionAnnouncer
 from anabranch.runtime._events import EventBus, EventCallback
+from anabranch.runtime._lease_keeper import HeldLease, LeaseKeeper
 from anabranch.runtime._results import RunResult, SessionStatus
 from anabranch.store import Store
 
@@ -97,6 +99,11 @@ class SessionDriver:
         self.events = events
         self.on_event = on_event
         self._driving: set[str] = set()
+        self._keeper = LeaseKeeper(store, owner, lease_ttl)
+
+    async def aclose(self) -> None:
+        """Wait for the lease renewals to end (once no session is being driven)."""
+        await self._keeper.aclose()
 
     @asynccontextmanager
     async def lease(self, session_id: str) -> AsyncIterator[None]:
@@ -170,26 +177,7 @@ class SessionDriver:
     ) -> SessionEnd:
         store = self.store
         end: SessionEnd | None = None
-        lease_lost = False
-
-        body_done = anyio.Event()
-
-        async def keep_lease(scope: anyio.CancelScope) -> None:
-            nonlocal lease_lost
-            while True:
-                # woken by the body's end rather than cancelled: a cancelled task leaves a
-                # reference cycle (its exception's traceback) only the cyclic GC frees
-                with anyio.move_on_after(self.lease_ttl / 3):
-                    await body_done.wait()
-                if body_done.is_set():
-                    return
-                with anyio.CancelScope(shield=True):
-                    renewed = await store.renew_lease(session_id, self.owner, self.lease_ttl)
-                if not renewed:
-                    lease_lost = True
-                    scope.cancel()
-                    return
-
+        lease: HeldLease | None = None
         # with nothing to read under the lease first, ``running`` is written with it
         async with self._held(session_id, running=ended is None) as held:
             already = await ended() if ended is not None else None
@@ -201,8 +189,8 @@ class SessionDriver:
             try:
                 if ended is not None:
                     await store.set_session_status(session_id, "running")
-                async with anyio.create_task_group() as group:
-                    group.start_soon(keep_lease, group.cancel_scope)
+                with anyio.CancelScope() as scope:  # cancelled if the lease is lost
+                    lease = self._keeper.hold(session_id, scope)
                     try:
                         end = await body()
                     except ApprovalPendingError as pending:  # paused, not failed
@@ -210,13 +198,16 @@ class SessionDriver:
                     except Exception as exc:
                         end = SessionEnd.failure(exc)
                     finally:
-                        body_done.set()
+                        await self._keeper.drop(lease)
             except anyio.get_cancelled_exc_class():
-                if not lease_lost:
+                if lease is None or not lease.lost:
                     with anyio.CancelScope(shield=True):
                         await store.set_session_status(session_id, "cancelled", error="cancelled")
                 raise
-            if lease_lost or isinstance(end and end.cause, LeaseLostError):
+            assert lease is not None  # held before the body ran
+            if lease.error is not None:  # the lease could not be renewed
+                raise lease.error
+            if lease.lost or isinstance(end and end.cause, LeaseLostError):
                 # another process owns the session now (a renewal or a fenced write found
                 # out): write nothing more
                 raise LeaseLostError(session_id, self.owner)
