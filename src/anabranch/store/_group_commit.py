@@ -135,8 +135,7 @@ class GroupCommit(Generic[J]):
         batch = self._next
         batch.writes.append(write)
         if not self._committing:
-            with anyio.CancelScope(shield=True):
-                await self._lead(batch)
+            await self._lead(batch)
         else:
             try:
                 while not write.done:
@@ -153,9 +152,9 @@ class GroupCommit(Generic[J]):
     def _next_step(self, write: QueuedWrite[J], batch: _Batch[J]) -> Awaitable[Any]:
         """What ``write`` (of ``batch``, not yet committed) awaits next: leading its batch
         if it is the leader (or nothing is being committed), else its batch's wake-up.
-        Only the leading is shielded here."""
+        Only the leading is shielded (by ``_lead``)."""
         if not self._committing:  # then ``batch`` is still the next one: commit it
-            return self._lead_shielded(batch)
+            return self._lead(batch)
         if batch is self._next and batch.leader in (None, write):
             if batch.lead is None:
                 batch.leader, batch.lead = write, _Wake()
@@ -167,26 +166,24 @@ class GroupCommit(Generic[J]):
             batch.committed = _Wake()
         return batch.committed.park()
 
-    async def _lead_shielded(self, batch: _Batch[J]) -> None:
-        with anyio.CancelScope(shield=True):
-            await self._lead(batch)
-
     async def _lead(self, batch: _Batch[J]) -> None:
-        """Commit ``batch`` (the next one, while nothing else commits); wake its writers."""
-        self._committing = True
-        self._next = _Batch()
-        writes = batch.writes
-        try:
-            await self._commit(writes)
-        except BaseException as exc:  # the transaction failed: fail its writes, not hang them
-            for write in writes:
-                write.error = write.error or exc
-        finally:
-            for write in writes:
-                write.done = True
-            self._committing = False
-            following = self._next
-            if following.lead is not None:
-                following.lead.set()
-            if batch.committed is not None:
-                batch.committed.set()
+        """Commit ``batch`` (the next one, while nothing else commits); wake its writers.
+        Shielded: a leader's cancellation never abandons its batch half-way."""
+        with anyio.CancelScope(shield=True):
+            self._committing = True
+            self._next = _Batch()
+            writes = batch.writes
+            try:
+                await self._commit(writes)
+            except BaseException as exc:  # the transaction failed: fail its writes, not hang
+                for write in writes:
+                    write.error = write.error or exc
+            finally:
+                for write in writes:
+                    write.done = True
+                self._committing = False
+                following = self._next
+                if following.lead is not None:
+                    following.lead.set()
+                if batch.committed is not None:
+                    batch.committed.set()
