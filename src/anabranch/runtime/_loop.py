@@ -17,7 +17,6 @@ Nothing here is ever updated in place: every step appends.
 from __future__ import annotations
 
 import math
-import secrets
 import time
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
@@ -59,6 +58,7 @@ from anabranch.runtime._history import (
     snapshot_record,
     usage_anchor,
 )
+from anabranch.runtime._ids import new_id
 from anabranch.runtime._memory import attach_relevant_memories
 from anabranch.runtime._model_calls import ModelCalls
 from anabranch.runtime._model_switch import served_model
@@ -79,11 +79,6 @@ __all__ = ["INTERRUPTED_REPORT", "AgentRun", "Environment", "PipelineStep", "new
 
 RESUME_LINKS = 8
 """How many earlier drives of a run its span links to (the most recent ones)."""
-
-
-def new_id(prefix: str) -> str:
-    """A random id that is URL- and shell-safe (never starts with '-')."""
-    return f"{prefix}_{secrets.token_hex(8)}"
 
 
 class AgentRun(ModelCalls, ToolCalls, RunContext):
