@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import concurrency, persistence, resume  # noqa: E402
+from bench import concurrency, persistence, resume, wal_pages  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -46,3 +46,13 @@ async def test_resume_reads_only_after_the_last_boundary(tmp_path: Path) -> None
     # the last boundary keeps ~100 messages: the summary plus those are all that is loaded
     assert 90 <= figures["context_messages"] <= 110
     assert figures["request_messages"] == figures["context_messages"]
+
+
+async def test_wal_pages_counts_each_commits_pages_by_btree(tmp_path: Path) -> None:
+    batches, calls = await wal_pages.record(tmp_path, 3, 0.001)
+    assert calls == 3 * concurrency.CALLS_PER_RUN
+    commits, frames = wal_pages.pages(tmp_path, batches)
+    assert commits == len(batches)  # every write transaction committed again, once
+    assert sum(frames.values()) >= commits  # a commit writes at least one page
+    # every model call's rows are in the WAL, under the b-trees that hold them
+    assert {"messages", "calls", "idx_messages_run_id_seq", "history_fts_data"} <= set(frames)
