@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from anabranch.errors import SessionBusyError
-from anabranch.store import Store
+from anabranch.store import SessionRecord, Store
 from tests.store_conformance.conftest import Backend, add_session
 
 pytestmark = pytest.mark.anyio
@@ -76,3 +78,37 @@ async def test_a_lease_is_taken_with_the_running_status_and_given_back_with_the_
     assert (session.status, session.output, session.error) == ("done", "the answer", None)
     assert session.finished is not None
     assert await other.lease_holder("ses_1") is None
+
+
+async def test_a_session_is_created_with_its_lease_in_one_transaction(backend: Backend) -> None:
+    store, other = await backend.open(), await backend.open()
+    before = backend.commits()
+    await store.create_session(
+        SessionRecord(id="ses_1", created=time.time(), kind="agent", entry="a", task="t"),
+        owner="owner-a",
+        ttl=60,
+    )
+    assert backend.commits() == before + 1  # the session, its lease and its status
+    assert await other.lease_holder("ses_1") == "owner-a"
+    session = await other.get_session("ses_1")
+    assert session is not None and session.status == "running"
+    with pytest.raises(SessionBusyError):  # held as if taken by acquire_lease
+        await other.acquire_lease("ses_1", "owner-b", ttl=60)
+    assert await store.renew_lease("ses_1", "owner-a", ttl=60) is True
+    await store.release_lease("ses_1", "owner-a", status="done", output="the answer")
+    session = await other.get_session("ses_1")
+    assert session is not None and (session.status, session.output) == ("done", "the answer")
+    assert await other.lease_holder("ses_1") is None
+
+
+async def test_a_session_created_with_an_expired_lease_is_taken_over(backend: Backend) -> None:
+    stalled, other = await backend.open(), await backend.open()
+    await stalled.create_session(
+        SessionRecord(id="ses_1", created=time.time(), kind="agent", entry="a", task="t"),
+        owner="owner-a",
+        ttl=-1.0,  # already expired
+    )
+    assert await other.lease_holder("ses_1") is None
+    await other.acquire_lease("ses_1", "owner-b", ttl=60)
+    assert await stalled.renew_lease("ses_1", "owner-a", ttl=60) is False
+    assert await stalled.lease_holder("ses_1") == "owner-b"

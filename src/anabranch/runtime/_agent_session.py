@@ -84,15 +84,46 @@ async def drive_agent(
     task: str,
     resumed: bool = False,
     ended: Callable[[], Awaitable[SessionEnd | None]] | None = None,
+    taken: bool = False,
 ) -> RunResult:
-    """Drive an agent session's root run under the session driver (``ended``: see
-    ``SessionDriver.drive``)."""
-    run_id = ""
+    """Drive an agent session's root run under the session driver (``ended``, ``taken``:
+    see ``SessionDriver.drive``)."""
+    drive = _RootDrive(store, agents, session_id, agent_name, open_run)
+    return await driver.drive(
+        session_id,
+        drive.body,
+        result=drive.result,
+        task=task,
+        resumed=resumed,
+        ended=ended,
+        taken=taken,
+    )
 
-    async def body() -> SessionEnd:
-        nonlocal run_id
-        run = await open_run()
-        run_id = run.id
+
+class _RootDrive:
+    """One drive of an agent session's root run: its body and its result (one object for
+    the session's length, not two closures and their cells)."""
+
+    __slots__ = ("agent_name", "agents", "open_run", "run_id", "session_id", "store")
+
+    def __init__(
+        self,
+        store: Store,
+        agents: Mapping[str, Agent],
+        session_id: str,
+        agent_name: str,
+        open_run: Callable[[], Awaitable[AgentRun]],
+    ) -> None:
+        self.store = store
+        self.agents = agents
+        self.session_id = session_id
+        self.agent_name = agent_name
+        self.open_run = open_run
+        self.run_id = ""
+
+    async def body(self) -> SessionEnd:
+        run = await self.open_run()
+        self.run_id = run.id
         output = await run.drive()
         if run.stop is not None:
             return SessionEnd("incomplete", output=output, error=run.stop.describe())
@@ -100,14 +131,9 @@ async def drive_agent(
             return SessionEnd("incomplete", output=output, error=run.record.error)
         return SessionEnd("done", output=output)
 
-    async def result(end: SessionEnd) -> RunResult:
+    async def result(self, end: SessionEnd) -> RunResult:
+        store, session_id, run_id = self.store, self.session_id, self.run_id
         if not run_id:  # the root run could not even be opened
             root = await root_run(store, session_id)
-            return await agent_result(
-                store, agents, session_id, root.id if root else "", agent_name, end
-            )
-        return await agent_result(store, agents, session_id, run_id, agent_name, end)
-
-    return await driver.drive(
-        session_id, body, result=result, task=task, resumed=resumed, ended=ended
-    )
+            run_id = root.id if root else ""
+        return await agent_result(store, self.agents, session_id, run_id, self.agent_name, end)

@@ -5,7 +5,7 @@ goes (the store, so every process on it shares one budget)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from anabranch.agents import Budget
 from anabranch.context._pricing import PriceTable
@@ -26,16 +26,16 @@ __all__ = [
 class StoreLedger:
     """Tenants' spend kept in the store (``TenantLedger``)."""
 
-    def __init__(self, store: Callable[[], Store]) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
 
     async def tenant_spend(self, tenant: str, since: float) -> Spend:
-        total = await self._store().tenant_spend(tenant, since)
+        total = await self._store.tenant_spend(tenant, since)
         return Spend(total.tokens, total.cost_usd)
 
     async def add_spend(self, tenant: str, session_id: str, run_id: str, spend: Spend) -> None:
         record = SpendRecord(tenant, session_id, run_id, spend.tokens, spend.cost_usd, time.time())
-        await self._store().add_spend(record)
+        await self._store.add_spend(record)
 
 
 def check_tenant_budgets(budgets: Mapping[str, Budget] | None) -> dict[str, Budget]:
@@ -96,7 +96,7 @@ async def open_limits(
         budget=budget,
         tenant=tenant,
         tenant_budget=tenant_budget,
-        ledger=StoreLedger(lambda: store),
+        ledger=StoreLedger(store),
         prices=prices,
     )
     if not fresh:
@@ -117,7 +117,7 @@ async def refuse_start(
         budget=budget,
         tenant=tenant,
         tenant_budget=tenant_budgets.get(tenant) if tenant is not None else None,
-        ledger=StoreLedger(lambda: store),
+        ledger=StoreLedger(store),
     )
     refusal = await probe.start_refusal()
     if refusal is not None:

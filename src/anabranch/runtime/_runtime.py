@@ -289,26 +289,37 @@ class Runtime:
         ``drive``: this process runs it, so its model client is created first (missing
         credentials fail before a session exists). A session queued for workers is not.
         """
+        session = self._session_record(kind, entry, task, source, outline, drive=drive)
+        await self.store.create_session(session)
+        if on_session is not None:
+            on_session(session.id)
+        return session.id
+
+    def _session_record(
+        self,
+        kind: Literal["agent", "graph"],
+        entry: str,
+        task: str,
+        source: str | None,
+        outline: dict[str, Any],
+        *,
+        drive: bool = True,
+    ) -> SessionRecord:
+        """A new session's record (see ``open_session``)."""
         client = client_name(self.model) if drive or self._model is not None else None
         outline = {**self.session_notes, **outline, MODEL_CLIENT_KEY: client}
         if source is not None:
             # resume runs this file again only while it is byte for byte the same
             outline[DIGEST_KEY] = source_digest(source)
-        session_id = new_id("ses")
-        await self.store.create_session(
-            SessionRecord(
-                id=session_id,
-                created=time.time(),
-                kind=kind,
-                entry=entry,
-                task=task,
-                source=source,
-                definition=json.dumps(outline),
-            )
+        return SessionRecord(
+            id=new_id("ses"),
+            created=time.time(),
+            kind=kind,
+            entry=entry,
+            task=task,
+            source=source,
+            definition=json.dumps(outline),
         )
-        if on_session is not None:
-            on_session(session_id)
-        return session_id
 
     async def run(
         self,
@@ -343,22 +354,28 @@ class Runtime:
         text = valid_text(task) if isinstance(task, str) else task_text(first)
         await self._check_limits(repr(agent.name), budget, tenant)
         self.register(agent)
-        session_id = await self.open_session(
-            kind="agent",
-            entry=agent.name,
-            task=text,
-            source=source,
-            outline=agent_outline(agent),
-            on_session=on_session,
-        )
-        env = await self.session_environment(session_id, budget=budget, tenant=tenant, fresh=True)
+        session = self._session_record("agent", agent.name, text, source, agent_outline(agent))
+        session_id = session.id
+        async with self._driver.opening(session):  # committed with its lease: one write
+            if on_session is not None:
+                on_session(session_id)
+            env = await self.session_environment(
+                session_id, budget=budget, tenant=tenant, fresh=True
+            )
 
         async def start() -> AgentRun:
             await memory_session_start(env, agent)
             return await AgentRun.start(env, agent, [first], with_drive=True)
 
         return await drive_agent(
-            self._driver, self.store, self._agents, session_id, agent.name, start, task=text
+            self._driver,
+            self.store,
+            self._agents,
+            session_id,
+            agent.name,
+            start,
+            task=text,
+            taken=True,
         )
 
     def stream(

@@ -44,7 +44,7 @@ from anabranch.runtime._event_stream import SessionAnnouncer
 from anabranch.runtime._events import EventBus, EventCallback
 from anabranch.runtime._lease_keeper import HeldLease, LeaseKeeper
 from anabranch.runtime._results import RunResult, SessionStatus
-from anabranch.store import Store
+from anabranch.store import SessionRecord, Store
 
 __all__ = ["SessionDriver", "SessionEnd"]
 
@@ -112,14 +112,32 @@ class SessionDriver:
             yield
 
     @asynccontextmanager
-    async def _held(self, session_id: str, *, running: bool = False) -> AsyncIterator[_Held]:
+    async def opening(self, session: SessionRecord) -> AsyncIterator[None]:
+        """Commit a new session with its lease (and ``running``) in one write, for a
+        ``drive(..., taken=True)`` right after the block. The lease is given back if the
+        block raises."""
+        await self.store.create_session(session, owner=self.owner, ttl=self.lease_ttl)
+        self._driving.add(session.id)
+        try:
+            yield
+        except BaseException:
+            self._driving.discard(session.id)
+            with anyio.CancelScope(shield=True):
+                await self.store.release_lease(session.id, self.owner)
+            raise
+
+    @asynccontextmanager
+    async def _held(
+        self, session_id: str, *, running: bool = False, taken: bool = False
+    ) -> AsyncIterator[_Held]:
         """``lease``. ``running``: record the session running with the lease (one write).
-        An end set on the yielded ``_Held`` is recorded as the lease is given back, in the
-        same write."""
-        if session_id in self._driving:
-            raise SessionBusyError(session_id, f"this runtime ({self.owner})")
-        await self.store.acquire_lease(session_id, self.owner, self.lease_ttl, running=running)
-        self._driving.add(session_id)
+        ``taken``: ``opening`` took it. An end set on the yielded ``_Held`` is recorded as
+        the lease is given back, in the same write."""
+        if not taken:
+            if session_id in self._driving:
+                raise SessionBusyError(session_id, f"this runtime ({self.owner})")
+            await self.store.acquire_lease(session_id, self.owner, self.lease_ttl, running=running)
+            self._driving.add(session_id)
         held = _Held()
         try:
             yield held
@@ -149,11 +167,13 @@ class SessionDriver:
         task: str = "",
         resumed: bool = False,
         ended: Callable[[], Awaitable[SessionEnd | None]] | None = None,
+        taken: bool = False,
     ) -> R:
         """Drive ``session_id`` through ``body`` under its lease, record its end and return
         ``result(end)``, announcing the drive on the event bus. ``ended``: read under the
         lease before anything is written, the session's end if it has one already (then
-        ``body`` does not run).
+        ``body`` does not run). ``taken``: the session was just committed with its lease,
+        and recorded running (``opening``).
 
         Raises:
             SessionBusyError: another driver (here or in another process) has the session.
@@ -162,7 +182,8 @@ class SessionDriver:
         async with SessionAnnouncer(self.events, session_id, self.on_event) as announcer:
             announcer.started(task, resumed=resumed)
             try:
-                outcome = await result(await self._drive_leased(session_id, body, ended))
+                end = await self._drive_leased(session_id, body, ended, taken)
+                outcome = await result(end)
             except BaseException as error:
                 announcer.failed(error)
                 raise
@@ -174,12 +195,13 @@ class SessionDriver:
         session_id: str,
         body: Callable[[], Awaitable[SessionEnd]],
         ended: Callable[[], Awaitable[SessionEnd | None]] | None,
+        taken: bool,
     ) -> SessionEnd:
         store = self.store
         end: SessionEnd | None = None
         lease: HeldLease | None = None
         # with nothing to read under the lease first, ``running`` is written with it
-        async with self._held(session_id, running=ended is None) as held:
+        async with self._held(session_id, running=ended is None, taken=taken) as held:
             already = await ended() if ended is not None else None
             if already is not None:
                 session = await store.get_session(session_id)

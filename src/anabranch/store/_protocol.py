@@ -39,7 +39,13 @@ class Store(Protocol):
 
     async def close(self) -> None: ...
 
-    async def create_session(self, session: SessionRecord) -> None: ...
+    async def create_session(
+        self, session: SessionRecord, *, owner: str | None = None, ttl: float = 0.0
+    ) -> None:
+        """Commit a new session, recorded ``running``. With ``owner``: its lease too, taken
+        by ``owner`` for ``ttl`` seconds, and the session recorded ``running`` under it, in
+        the same transaction (as ``acquire_lease(..., running=True)`` right after)."""
+        ...
 
     async def set_session_status(
         self,

@@ -196,7 +196,10 @@ class PostgresStore(Reads):
         return await self._connections.write_later(fn, self._fence(None, run, None))
 
     # ----------------------------------------------------------------- sessions
-    async def create_session(self, session: SessionRecord) -> None:
+    async def create_session(
+        self, session: SessionRecord, *, owner: str | None = None, ttl: float = 0.0
+    ) -> None:
+        """Commit a new session (with ``owner``: and its lease, see ``Store``)."""
         values = {
             "id": session.id,
             "created": session.created,
@@ -207,12 +210,19 @@ class PostgresStore(Reads):
             "definition": session.definition,
         }
         event = {"session_id": session.id, "status": "running", "created": session.created}
+        host, pid = socket.gethostname(), os.getpid()
 
         def write(tx: Tx) -> None:
             insert(tx, "sessions", values)
             insert(tx, "session_events", event)
+            if owner is not None:
+                take_lease(tx, session.id, owner, host, pid, ttl)
+                insert(tx, "session_events", session_event_row(session.id, "running"))
 
         await self._write(write, session=session.id)
+        if owner is not None:
+            self._held[session.id] = owner
+            self._lost.discard(session.id)
 
     async def set_session_status(
         self,

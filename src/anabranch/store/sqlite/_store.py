@@ -121,7 +121,10 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
         await self.close()
 
     # ----------------------------------------------------------------- sessions
-    async def create_session(self, session: SessionRecord) -> None:
+    async def create_session(
+        self, session: SessionRecord, *, owner: str | None = None, ttl: float = 0.0
+    ) -> None:
+        """Commit a new session (with ``owner``: and its lease, see ``Store``)."""
         values = {
             "id": session.id,
             "created": session.created,
@@ -131,6 +134,7 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
             "source": session.source,
             "definition": session.definition,
         }
+        lease = (owner, socket.gethostname(), os.getpid()) if owner is not None else None
 
         def write(conn: sqlite3.Connection) -> None:
             insert(conn, "sessions", values)
@@ -139,6 +143,13 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
                 "session_events",
                 {"session_id": session.id, "status": "running", "created": session.created},
             )
+            if lease is not None:  # a new session: no lease row can exist
+                conn.execute(
+                    "INSERT INTO leases(session_id, owner, host, pid, expires) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (session.id, *lease, time.time() + ttl),
+                )
+                insert(conn, "session_events", session_event_row(session.id, "running"))
 
         await self._sql.write(write)
 
