@@ -3,13 +3,11 @@ the resume link survives a drive that fails before its first model call."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import format_span_id, format_trace_id
 
@@ -20,25 +18,12 @@ from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.testing import FunctionModel
 
 from .helpers import sql, traced_store
+from .span_fixtures import span_exporter, span_provider  # noqa: F401
 
 pytestmark = pytest.mark.anyio
 
 worker = Agent(name="worker", model="m", instructions="Work.")
 boss = Agent(name="boss", model="m", instructions="Delegate.", subagents=[worker])
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    memory = InMemorySpanExporter()
-    yield memory
-    memory.clear()
-
-
-@pytest.fixture
-def provider(exporter: InMemorySpanExporter) -> TracerProvider:
-    tracer_provider = TracerProvider(shutdown_on_exit=False)
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return tracer_provider
 
 
 def _ids(span: ReadableSpan) -> tuple[str, str]:

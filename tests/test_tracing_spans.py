@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from anabranch.testing import FunctionModel, TestModel
 from anabranch.traces import OpenInference
 
 from .helpers import attributes, failed_with, sql
+from .span_fixtures import span_exporter, span_provider  # noqa: F401
 
 pytestmark = pytest.mark.anyio
 
@@ -46,20 +46,6 @@ worker = Agent(
     instructions="Research and report.",
     tools=[lookup, measure],
 )
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    memory = InMemorySpanExporter()
-    yield memory
-    memory.clear()
-
-
-@pytest.fixture
-def provider(exporter: InMemorySpanExporter) -> TracerProvider:
-    tracer_provider = TracerProvider(shutdown_on_exit=False)
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return tracer_provider
 
 
 def _hex(span: ReadableSpan) -> str:

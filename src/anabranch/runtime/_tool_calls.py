@@ -64,6 +64,9 @@ INTERRUPTED_REPORT = (
     "again; its effect is unknown. Check before repeating it."
 )
 
+NOTHING_FRESH: frozenset[str] = frozenset()
+"""``fresh_calls`` outside a tool turn (one object for every run)."""
+
 IngestNow = Callable[[ContextView, ToolUseBlock, ToolOutcome], Ingested]
 NextCall = tuple[ModelRequest, CallRecord]
 """The next model call's request and its call row, built before the row is committed."""
@@ -118,7 +121,7 @@ class ToolCalls:
     """The pipeline's plain ``ingest`` (``plain_twin``), found once per run."""
     _scope_type: type[anyio.CancelScope] | None = None
     """The event loop's cancel scope class (found at the run's first tool call)."""
-    fresh_calls: frozenset[str] = frozenset()
+    fresh_calls: frozenset[str] = NOTHING_FRESH
     """The current turn's calls whose ``started`` events were committed here with the
     response that asked for them: none of them ran before (nothing they start exists)."""
 
@@ -192,11 +195,12 @@ class ToolCalls:
                 outcome = ToolOutcome(text, is_error=True)
                 await self.env.store.record_tool_event(self._finished_event(use, outcome))
                 outcomes[use.id] = outcome
+        self.fresh_calls = NOTHING_FRESH  # every call ran: not kept across the next model call
         if turn.closed is not None:  # committed with the last result
             return turn.closed
         gate.raise_if_waiting(self.as_view(), turn.nested)
         # every outcome is a committed finished event's now (loaded, run, denied, cut off)
-        self.committed_results = self._committed(uses, outcomes)
+        self._hold_committed(uses, outcomes)
         results = []
         for use in uses:
             ingested = await self.env.pipeline.ingest(self.context_view(), use, outcomes[use.id])
@@ -204,29 +208,46 @@ class ToolCalls:
                 await self.env.store.save_spill(spill.handle, self.id, spill.call_id, spill.content)
             results.append(self._entering(use, outcomes[use.id], ingested.outcome))
         notes = await limits.next_turn(self)
-        message = user_message((*results, *notes.blocks))
-        next_call = self._next_call_after(message) if notes.stop is None else None
+        message, records, next_call = self._user_turn(results, notes)
+        store = self.env.store
         if next_call is None:
-            await self.append(message)
-            return notes
-        # every result is committed: the message goes with the next call's row
-        records = self.message_records([message])
-        call_id = await self.env.store.begin_call(next_call[1], records)
-        self.appended(message)
-        self.begun = (*next_call, call_id)
+            await store.append_messages(records)
+            self._turn_entered(message, None, 0)
+        else:  # every result is committed: the message goes with the next call's row
+            self._turn_entered(message, next_call, await store.begin_call(next_call[1], records))
         return notes
 
-    def _committed(
+    def _user_turn(
+        self, results: list[ToolResultBlock], notes: TurnNotes
+    ) -> tuple[Message, list[MessageRecord], NextCall | None]:
+        """The user turn of ``results`` and the limits' ``notes``, its store records, and
+        the next call's request and row if they can be built now (``_next_call_after``):
+        the one tail of both ways a turn is committed (after the tools, or with the last
+        result)."""
+        message = user_message((*results, *notes.blocks))
+        next_call = self._next_call_after(message) if notes.stop is None else None
+        return message, self.message_records([message]), next_call
+
+    def _turn_entered(self, message: Message, next_call: NextCall | None, call_id: int) -> None:
+        """The committed user turn joins the context (with the next call's row, committed
+        with it under ``call_id``: the loop sends that call next)."""
+        self.appended(message)
+        if next_call is not None:
+            self.begun = (*next_call, call_id)
+
+    def _hold_committed(
         self, uses: Sequence[ToolUseBlock], outcomes: dict[str, ToolOutcome]
-    ) -> dict[str, ToolResultBlock]:
-        """Each call's result as its committed ``finished`` event holds it."""
-        committed = {}
+    ) -> None:
+        """``committed_results``: each call's result as its committed ``finished`` event
+        holds it (the run's own dict, filled again: not a new one per turn that outlives
+        the next model call)."""
+        committed = self.committed_results
+        committed.clear()
         for use in uses:
             outcome = outcomes[use.id]
             committed[use.id] = result_block(
                 use.id, outcome.content, outcome.is_error, outcome.attachments
             )
-        return committed
 
     def _entering(
         self, use: ToolUseBlock, committed: ToolOutcome, outcome: ToolOutcome
@@ -263,10 +284,8 @@ class ToolCalls:
                         call_id = await commit
                 else:
                     call_id = await commit
-                self.appended(message)
+                self._turn_entered(message, next_call, call_id)
                 turn.closed = notes
-                if next_call is not None:  # its row committed: the loop sends it next
-                    self.begun = (*next_call, call_id)
             turn.outcomes[use.id] = outcome
             self.events.tool_finished(use, outcome)
         except ApprovalPendingError as pending:  # a sub-agent waits: this run pauses too
@@ -296,11 +315,12 @@ class ToolCalls:
     def _turn_commit(
         self, use: ToolUseBlock, outcome: ToolOutcome, turn: _Turn, ingest_now: IngestNow
     ) -> tuple[Message, TurnNotes, Coroutine[Any, Any, Any], NextCall | None]:
-        """The user turn that closes ``turn`` once ``use`` is committed, its notes, the
-        write of both (not awaited; with the next call's row if it can be built now: then
-        that call's request and row too), built in the order the usual path builds them."""
+        """The user turn that closes ``turn`` once ``use`` is committed, its notes,
+        the write of both (not awaited; with the next call's row if it can be built now:
+        then that call's request and row too), built in the order the usual path builds
+        them."""
         outcomes = {**turn.outcomes, use.id: outcome}
-        self.committed_results = self._committed(turn.uses, outcomes)
+        self._hold_committed(turn.uses, outcomes)
         results, spills, now = [], [], time.time()
         for each in turn.uses:
             ingested = ingest_now(self.context_view(), each, outcomes[each.id])
@@ -308,11 +328,9 @@ class ToolCalls:
                 spills.append(SpillRecord(s.handle, self.id, s.call_id, s.content, now))
             results.append(self._entering(each, outcomes[each.id], ingested.outcome))
         notes = self.limits.next_turn_now(self)
-        message = user_message((*results, *notes.blocks))
-        records = self.message_records([message])
+        message, records, next_call = self._user_turn(results, notes)
         event = self._finished_event(use, outcome)
         store = self.env.store
-        next_call = self._next_call_after(message) if notes.stop is None else None
         if next_call is not None:
             begin = store.begin_call(next_call[1], records, tool_event=event, spills=spills)
             return message, notes, begin, next_call
