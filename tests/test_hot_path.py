@@ -3,6 +3,9 @@ span while the block runs, tool lookups that follow a copied definition."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import anyio
 import pytest
 from opentelemetry import trace
@@ -148,3 +151,82 @@ def test_runs_of_one_agent_share_their_prompt_blocks() -> None:
     other = build_prompt(agent.model_copy(update={"instructions": "Rest."}), record("r3"), ())
     assert other[0] != first[0] and other[1] == first[1]
     assert [t.name for t in other[1]] == ["alpha", "beta"] and other[1][-1].cache == "5m"
+
+
+def test_a_run_of_the_same_agent_gets_its_prompt_without_building_it_until_an_input_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anabranch.runtime import _run_prompt
+    from anabranch.runtime._definitions import default_builtins
+
+    builds: list[str] = []
+    build = _run_prompt._build
+
+    def counted(agent: Agent, *rest: Any) -> Any:
+        builds.append(agent.name)
+        return build(agent, *rest)
+
+    monkeypatch.setattr(_run_prompt, "_build", counted)
+
+    def record(run_id: str, parent: str | None = None) -> RunRecord:
+        return RunRecord(
+            id=run_id, session_id="s", agent_name="a", model="m", created=0.0, parent_run_id=parent
+        )
+
+    (tmp_path / "AGENTS.md").write_text("Be brief.")
+    agent = Agent(name="a", tools=[alpha], workspace=tmp_path, max_report_tokens=500)
+    builtins = default_builtins()
+    first = build_prompt(agent, record("run_1"), builtins)
+    assert build_prompt(agent, record("run_2"), builtins) is first
+    assert len(builds) == 1  # built once for both runs
+    child = build_prompt(agent, record("run_3", parent="run_1"), builtins)  # a report cap
+    assert child[0] != first[0] and len(builds) == 2
+    (tmp_path / "AGENTS.md").write_text("Be thorough.")  # an input changed: built again
+    changed = build_prompt(agent, record("run_4"), builtins)
+    assert len(builds) == 3 and "Be thorough." in "".join(b.text for b in changed[0])
+
+    class Dynamic:  # a built-in of the caller's: its definition may change between runs
+        name = "dynamic"
+        description = "v1"
+
+        def applies_to(self, agent: Agent) -> bool:
+            return True
+
+        def definition(self, agent: Agent) -> ToolDefinition:
+            return ToolDefinition(
+                name="dynamic", description=self.description, input_schema={"type": "object"}
+            )
+
+    dynamic = Dynamic()
+    mine = (*builtins, dynamic)
+    build_prompt(agent, record("run_5"), mine)  # type: ignore[arg-type]
+    dynamic.description = "v2"
+    later = build_prompt(agent, record("run_6"), mine)  # type: ignore[arg-type]
+    assert [t.description for t in later[1] if t.name == "dynamic"] == ["v2"]
+
+
+def test_the_children_of_one_role_run_as_one_agent_object_and_share_their_prompt() -> None:
+    from anabranch.runtime._definitions import default_builtins
+    from anabranch.runtime._memory import inherit_memory
+    from anabranch.runtime._spawn import _child_agent
+
+    role = Agent(name="worker", tools=[alpha])
+    parent = Agent(name="lead", subagents=[role])
+    first, second = _child_agent(parent, role, 300), _child_agent(parent, role, 300)
+    assert first is second  # the same frozen object for every child of the role
+    assert first == inherit_memory(parent, role).model_copy(update={"max_report_tokens": 300})
+    other = _child_agent(parent, role, 200)  # a turn spawning more shares the cap out
+    assert other is not first and other.max_report_tokens == 200
+
+    def child(run_id: str) -> RunRecord:
+        return RunRecord(
+            id=run_id,
+            session_id="s",
+            agent_name="worker",
+            model="m",
+            created=0.0,
+            parent_run_id="r",
+        )
+
+    builtins = default_builtins()
+    assert build_prompt(first, child("c1"), builtins) is build_prompt(second, child("c2"), builtins)

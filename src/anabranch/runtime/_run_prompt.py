@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from anabranch._memo import IdentityMemo
 from anabranch.agents import Agent
 from anabranch.context._cache import breakpoints, place_breakpoints
 from anabranch.context._output import output_instructions
@@ -15,7 +16,7 @@ from anabranch.messages import (
     SystemBlock,
     ToolDefinition,
 )
-from anabranch.runtime._bootstrap import prompt_inputs
+from anabranch.runtime._bootstrap import PromptInputs, prompt_inputs
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.runtime._history import prompt_json
 from anabranch.store import RunRecord
@@ -23,23 +24,50 @@ from anabranch.store import RunRecord
 __all__ = ["build_prompt", "run_request", "tool_guidance", "with_breakpoints"]
 
 
-def build_prompt(
-    agent: Agent, record: RunRecord, builtins: Sequence[BuiltinTool]
-) -> tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]:
+Prompt = tuple[tuple[SystemBlock, ...], tuple[ToolDefinition, ...]]
+
+_BUILT: IdentityMemo[dict[bool, tuple[PromptInputs, Prompt]]] = IdentityMemo(limit=256)
+"""The prompts built for one agent object and one list of built-in tools: for a run and
+for a sub-agent's run (``child``), each with the inputs it was built from."""
+
+
+def build_prompt(agent: Agent, record: RunRecord, builtins: Sequence[BuiltinTool]) -> Prompt:
     """Assemble the system blocks and tool list for this agent (deterministic).
 
     Reads the bootstrap files, date and cwd now; the result is meant to be snapshotted.
+    The prompt depends on nothing else but the agent (frozen), the built-in tools and
+    whether the run is a sub-agent's, so a run of the very same agent with the same
+    built-ins and inputs as one before gets that one's prompt, without building it
+    again. Only anabranch's own built-ins are known to depend on the agent alone: with
+    any other, the prompt is built every time.
     """
-    ttl = agent.context.cache_ttl
     inputs = prompt_inputs(agent)
+    child = bool(record.parent_run_id or record.task_id)
+    if not all(type(b).__module__.startswith("anabranch.") for b in builtins):
+        return _build(agent, child, builtins, inputs)
+    built = _BUILT.get(((agent,), builtins), _no_prompts)
+    found = built.get(child)
+    if found is not None and found[0] == inputs:
+        return found[1]
+    prompt = _build(agent, child, builtins, inputs)
+    built[child] = (inputs, prompt)
+    return prompt
+
+
+def _no_prompts(*_groups: object) -> dict[bool, tuple[PromptInputs, Prompt]]:
+    return {}
+
+
+def _build(
+    agent: Agent, child: bool, builtins: Sequence[BuiltinTool], inputs: PromptInputs
+) -> Prompt:
+    ttl = agent.context.cache_ttl
     system = assemble_system(
         instructions=agent.instructions,
         subagents=[
             SubagentInfo(a.name, a.description, a.max_report_tokens) for a in agent.subagents
         ],
-        report_cap_tokens=agent.max_report_tokens
-        if record.parent_run_id or record.task_id
-        else None,
+        report_cap_tokens=agent.max_report_tokens if child else None,
         cache_ttl=ttl,
         tool_guidance=tool_guidance(agent, builtins),
         bootstrap=inputs.bootstrap,

@@ -20,6 +20,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from anabranch import events as ev
+from anabranch._memo import IdentityMemo
 from anabranch.agents import Agent
 from anabranch.messages import (
     Message,
@@ -264,7 +265,7 @@ class SpawnTool:
             )
         return await open_run(
             run.env,
-            inherit_memory(run.agent, role).model_copy(update={"max_report_tokens": cap}),
+            _child_agent(run.agent, role, cap),
             existing,
             args.task,
             parent_run_id=run.id,
@@ -312,3 +313,22 @@ class SpawnTool:
             )
             return ToolOutcome(f"{header}\n{report}")
         return ToolOutcome(f"[report of sub-agent {role.name}, run {outcome.run_id}]\n{report}")
+
+
+_CHILD_AGENTS: IdentityMemo[dict[int, Agent]] = IdentityMemo(limit=256)
+
+
+def _child_agent(parent: Agent, role: Agent, cap: int) -> Agent:
+    """The agent a fresh child of ``role`` runs as: the parent's memory inherited, the
+    report cap set. One object per parent, role and cap (all frozen), so the children of
+    one role share their built prompt (``build_prompt``) instead of each building it."""
+    derived = _CHILD_AGENTS.get(((parent, role),), _no_agents)
+    agent = derived.get(cap)
+    if agent is None:
+        agent = inherit_memory(parent, role).model_copy(update={"max_report_tokens": cap})
+        derived[cap] = agent
+    return agent
+
+
+def _no_agents(*_groups: object) -> dict[int, Agent]:
+    return {}
