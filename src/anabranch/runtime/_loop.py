@@ -111,8 +111,8 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         """Work started alongside the loop while it is driven (a summary ahead)."""
         self.served_model: str | None = None
         """The model that served the latest response (another model's, after a switch)."""
-        self._fresh_tools: tuple[list[ToolUseBlock], frozenset[str]] | None = None
-        """Tool calls of the response just committed here, and those marked started with it."""
+        self._fresh_tools: tuple[Message, list[ToolUseBlock], frozenset[str]] | None = None
+        """The response just committed here, its tool calls, and those marked started with it."""
         pipeline = env.pipeline  # its plain twins (asked around every tool turn)
         self._ingest_now = plain_twin(pipeline, "ingest", "ingest_now")
         self._quiet_call = plain_twin(pipeline, "before_call", "quiet_before_call")
@@ -414,7 +414,8 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
                 raise RuntimeError(f"run {self.id} has an empty context")
             last = self.context[-1]
             if last.role == "assistant":
-                uses = last.tool_uses  # (a list built per read)
+                fresh = self._fresh_tools  # (``tool_uses`` builds a list per read)
+                uses = fresh[1] if fresh is not None and fresh[0] is last else last.tool_uses
                 if uses:
                     notes = await self.run_tools(uses)  # and commits their turn
                     if notes.stop is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, TypeVar
 
 import anyio
@@ -50,6 +51,8 @@ T = TypeVar("T")
 
 RetryNotice = Callable[[ModelError, float, int], None]
 
+_CALL_ID = attrgetter("call_id")
+
 
 class ModelCalls:
     """Model calls of one agent run (mixed into ``AgentRun``, which sets these)."""
@@ -73,7 +76,7 @@ class ModelCalls:
     own_usage: UsageTotals | None
     """A run started here: its calls' usage, summed (see ``AgentRun``)."""
     served_model: str | None
-    _fresh_tools: tuple[list[ToolUseBlock], frozenset[str]] | None
+    _fresh_tools: tuple[Message, list[ToolUseBlock], frozenset[str]] | None
     _quiet_call: Callable[[ContextView], bool] | None
     """The pipeline's ``quiet_before_call`` (``plain_twin``), found once per run."""
     _on_retry: RetryNotice
@@ -300,5 +303,5 @@ class ModelCalls:
             self.own_usage.add(response.usage)
         self.last_response_id = response.id
         self.served_model = model
-        self._fresh_tools = (uses, frozenset([e.call_id for e in started]))
+        self._fresh_tools = (message, uses, frozenset(map(_CALL_ID, started)))
         await self.after_response(call_id, call, response)

@@ -112,9 +112,9 @@ class ToolCalls:
     appended_since_usage: list[Message]
     turns: int
     turn_base: int
-    _fresh_tools: tuple[list[ToolUseBlock], frozenset[str]] | None
-    """Tool calls of the response just committed here (the very blocks), and those marked
-    started with it."""
+    _fresh_tools: tuple[Message, list[ToolUseBlock], frozenset[str]] | None
+    """The response just committed here (its message, as the context holds it), its tool
+    calls (the very blocks, the list the loop runs) and those marked started with it."""
     committed_results: dict[str, ToolResultBlock]
     """The results of the latest calls as their finished events hold them."""
     _ingest_now: IngestNow | None
@@ -155,11 +155,11 @@ class ToolCalls:
         Each result is committed as it finishes, so a finished tool is never run again.
         """
         fresh, self._fresh_tools = self._fresh_tools, None
-        if fresh is not None and fresh[0] == uses:  # (the same blocks: compared by identity)
+        if fresh is not None and fresh[1] == uses:  # (the same blocks: compared by identity)
             # answered in this process a moment ago: nothing of it can have finished yet
             finished: dict[str, ToolEventRecord] = {}
             started: AbstractSet[str] = frozenset()
-            marked = fresh[1]
+            marked = fresh[2]
             events: list[ToolEventRecord] | None = None
         else:
             events = await self.env.store.tool_events(self.id, [u.id for u in uses])
