@@ -65,7 +65,8 @@ INTERRUPTED_REPORT = (
 )
 
 NOTHING_FRESH: frozenset[str] = frozenset()
-"""``fresh_calls`` outside a tool turn (one object for every run)."""
+"""No call ids: ``fresh_calls`` outside a tool turn, a fresh turn's ``started`` (one object
+for every run, not one per turn)."""
 
 IngestNow = Callable[[ContextView, ToolUseBlock, ToolOutcome], Ingested]
 NextCall = tuple[ModelRequest, CallRecord]
@@ -158,18 +159,21 @@ class ToolCalls:
         if fresh is not None and fresh[1] == uses:  # (the same blocks: compared by identity)
             # answered in this process a moment ago: nothing of it can have finished yet
             finished: dict[str, ToolEventRecord] = {}
-            started: AbstractSet[str] = frozenset()
+            started: AbstractSet[str] = NOTHING_FRESH
             marked = fresh[2]
             events: list[ToolEventRecord] | None = None
+            outcomes: dict[str, ToolOutcome] = {}
         else:
             events = await self.env.store.tool_events(self.id, [u.id for u in uses])
             finished = {e.call_id: e for e in events if e.event == "finished"}
             started = {e.call_id for e in events if e.event == "started"}
-            marked = frozenset()
-        outcomes: dict[str, ToolOutcome] = {
-            call_id: ToolOutcome(e.content or "", e.is_error, attachments_from_json(e.attachments))
-            for call_id, e in finished.items()
-        }
+            marked = NOTHING_FRESH
+            outcomes = {
+                call_id: ToolOutcome(
+                    e.content or "", e.is_error, attachments_from_json(e.attachments)
+                )
+                for call_id, e in finished.items()
+            }
         self.fresh_calls = marked
         todo = [use for use in uses if use.id not in finished] if finished else uses
         gate = await gate_calls(self.as_view(), todo, events)
