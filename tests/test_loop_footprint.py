@@ -69,6 +69,10 @@ def _held_by_the_loop() -> dict[str, object]:
         "ok_calls": sum(1 for o in objects if isinstance(o, _OkCall)),
         "notes": [o for o in objects if isinstance(o, TurnNotes) and o is not NO_NOTES],
         "spends": {id(o) for o in objects if isinstance(o, Spend)},
+        # what a run keeps between its tool turns: the latest calls' ids marked fresh and
+        # their committed results
+        "fresh_calls": [set(o.fresh_calls) for o in objects if isinstance(o, AgentRun)],
+        "committed_results": [id(o.committed_results) for o in objects if isinstance(o, AgentRun)],
     }
 
 
@@ -98,6 +102,10 @@ async def test_a_model_call_in_flight_holds_no_wrapper_or_record_of_its_own(
         assert held["notes"] == []  # a tool turn without notes carries the shared value
     # the spend ledger is updated in place: the same records at every call
     assert all(held["spends"] == seen[0]["spends"] for held in seen)
+    # the tool turn before a call keeps no set of its ids (once its calls ran, nothing
+    # asks which of them were fresh), and its results go into the run's one dict
+    assert all(held["fresh_calls"] == [set()] for held in seen), seen
+    assert all(held["committed_results"] == seen[0]["committed_results"] for held in seen)
 
 
 async def test_a_call_sends_the_runs_own_tuples_in_a_request_equal_to_the_validated_one(
