@@ -451,14 +451,22 @@ class SQLiteHistory:
     async def list_boundaries(
         self, *, run_id: str | None = None, session_id: str | None = None
     ) -> list[BoundaryRecord]:
+        """A run's (or session's) boundaries. Whether there is any is looked up on the
+        loop's thread first (an index read): most sessions have none, and then their
+        result costs no hop to the worker thread."""
         if run_id is not None:
-            sql, params = "SELECT * FROM boundaries WHERE run_id = ? ORDER BY id", (run_id,)
+            where, params = "WHERE run_id = ?", (run_id,)
         else:
-            sql = (
-                "SELECT * FROM boundaries WHERE run_id IN "
-                "(SELECT id FROM runs WHERE session_id = ?) ORDER BY id"
-            )
+            where = "WHERE run_id IN (SELECT id FROM runs WHERE session_id = ?)"
             params = (session_id or "",)
+        some = await self._sql.lookup(
+            lambda conn: conn.execute(
+                f"SELECT 1 FROM boundaries {where} LIMIT 1", params
+            ).fetchone()
+        )
+        if some is None:
+            return []
+        sql = f"SELECT * FROM boundaries {where} ORDER BY id"
         rows = await self._sql.read(lambda conn: fetch_rows(conn, sql, params))
         return [BoundaryRecord(**row) for row in rows]
 
