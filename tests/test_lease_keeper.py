@@ -107,19 +107,8 @@ async def test_a_lease_taken_over_stops_its_own_session_only(db: Db) -> None:
         async with Runtime(db=db, model=FunctionModel(_respond), retry=FAST, lease_ttl=TTL) as rt:
             async with anyio.create_task_group() as group:
 
-                async def run(index: int) -> None:
-                    try:
-                        result = await rt.run(
-                            agent,
-                            f"task {index}",
-                            on_session=partial(ids.__setitem__, index),
-                        )
-                        outcomes[index] = result.status
-                    except LeaseLostError:
-                        outcomes[index] = "lost"
-
                 for index in range(SESSIONS):
-                    group.start_soon(run, index)
+                    group.start_soon(_run_recorded, rt, agent, index, ids, outcomes)
                 await wait_until(lambda: _entered(gate, SESSIONS))
                 # another process took session 0 over after this one stalled
                 rows(
@@ -136,6 +125,19 @@ async def test_a_lease_taken_over_stops_its_own_session_only(db: Db) -> None:
         db, "SELECT status FROM session_events WHERE session_id = ? ORDER BY id", (ids[0],)
     )
     assert statuses and set(statuses) == {("running",)}
+
+
+async def _run_recorded(
+    rt: Runtime, agent: Agent, index: int, ids: dict[int, str], outcomes: dict[int, str]
+) -> None:
+    """Run session ``index``: record its id, then its status or what stopped it."""
+    try:
+        result = await rt.run(agent, f"task {index}", on_session=partial(ids.__setitem__, index))
+        outcomes[index] = result.status
+    except LeaseLostError:
+        outcomes[index] = "lost"
+    except StoreError as error:
+        outcomes[index] = str(error)
 
 
 def _has(outcomes: dict[int, str], index: int) -> Any:
@@ -162,19 +164,8 @@ async def test_a_renewal_the_store_fails_fails_its_own_session_with_the_error(db
             rt.store.renew_lease = failing  # type: ignore[method-assign]
             async with anyio.create_task_group() as group:
 
-                async def run(index: int) -> None:
-                    try:
-                        result = await rt.run(
-                            agent,
-                            f"task {index}",
-                            on_session=partial(ids.__setitem__, index),
-                        )
-                        outcomes[index] = result.status
-                    except StoreError as error:
-                        outcomes[index] = str(error)
-
                 for index in range(SESSIONS):
-                    group.start_soon(run, index)
+                    group.start_soon(_run_recorded, rt, agent, index, ids, outcomes)
                 await wait_until(lambda: _entered(gate, SESSIONS))
                 await wait_until(_has(outcomes, 0))
                 gate.open.set()
