@@ -106,7 +106,6 @@ async def test_a_lease_taken_over_stops_its_own_session_only(db: Db) -> None:
     with anyio.fail_after(60):
         async with Runtime(db=db, model=FunctionModel(_respond), retry=FAST, lease_ttl=TTL) as rt:
             async with anyio.create_task_group() as group:
-
                 for index in range(SESSIONS):
                     group.start_soon(_run_recorded, rt, agent, index, ids, outcomes)
                 await wait_until(lambda: _entered(gate, SESSIONS))
@@ -163,7 +162,6 @@ async def test_a_renewal_the_store_fails_fails_its_own_session_with_the_error(db
 
             rt.store.renew_lease = failing  # type: ignore[method-assign]
             async with anyio.create_task_group() as group:
-
                 for index in range(SESSIONS):
                     group.start_soon(_run_recorded, rt, agent, index, ids, outcomes)
                 await wait_until(lambda: _entered(gate, SESSIONS))
