@@ -95,18 +95,24 @@ async def test_a_quiet_pipeline_commits_each_next_call_with_the_last_result(
     with anyio.fail_after(20):
         async with Runtime(tmp_path / "db", model=_steps(3), pipeline=_Quiet()) as rt:
             store = rt.store
-            begun: list[bool] = []
-            original = store.begin_call
+            begun: list[str] = []
+            original, start = store.begin_call, store.create_run
 
             async def begin_call(*args: object, **kwargs: object) -> int:
-                begun.append(kwargs.get("tool_event") is not None)
+                begun.append("result" if kwargs.get("tool_event") is not None else "alone")
                 return await original(*args, **kwargs)  # type: ignore[arg-type]
 
+            async def create_run(*args: object, **kwargs: object) -> int:
+                begun.append("start" if kwargs.get("call") is not None else "no call")
+                return await start(*args, **kwargs)  # type: ignore[arg-type]
+
             store.begin_call = begin_call  # type: ignore[method-assign]
+            store.create_run = create_run  # type: ignore[method-assign]
             result = await rt.run(agent, "go")
             calls = await store.list_calls(result.run_id or "")
     assert result.output == "done"
-    assert begun == [False, True, True, True]  # the first call alone, then each with a result
+    # the first call with the run's start rows, then each with the last result
+    assert begun == ["start", "result", "result", "result"]
     assert [(c.turn, c.status, c.message_count) for c in calls] == [
         (1, "ok", 1),
         (2, "ok", 3),
@@ -144,7 +150,9 @@ async def test_a_results_message_built_with_awaits_commits_with_the_next_call(
     assert len(results) == 2
     statements = [s for t in results for s in t]
     assert not any("INSERT INTO messages" in s or "INSERT INTO calls" in s for s in statements)
-    assert len(_holding(transactions, "INSERT INTO messages", "INSERT INTO calls")) == 2
+    # (and the first call's row with the run's start rows and task)
+    assert len(_holding(transactions, "INSERT INTO messages", "INSERT INTO calls")) == 3
+    assert len(_holding(transactions, "INSERT INTO runs", "INSERT INTO calls")) == 1
 
 
 @pytest.mark.parametrize("output_type", [None, "json"])

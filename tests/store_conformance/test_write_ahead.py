@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Literal
 
 import anyio
@@ -153,6 +154,29 @@ async def test_a_run_starts_with_its_first_drives_span_row(backend: Backend) -> 
             span=("1" * 32, "2" * 16),
         )
     assert await store.run_spans("run_1") == [(trace, span)]
+
+
+async def test_a_run_starts_with_its_first_call_row(backend: Backend) -> None:
+    """``create_run(call=)``: the run, its task and its first call's row in one commit,
+    the row as ``begin_call`` writes it (in flight until finished); a crash after that
+    commit leaves a run whose call ``close_interrupted_calls`` closes, as after
+    ``begin_call``; a failed one keeps neither the run nor the call."""
+    store = await backend.open()
+    await add_session(store)
+    before = backend.commits()
+    run = RunRecord(id="run_1", session_id="ses_1", agent_name="a", model="m", created=1.0)
+    call_id = await store.create_run(run, messages=[_message(0)], call=_call(1, 1))
+    assert backend.commits() == before + 1
+    other = await backend.open()  # what a process resuming after a crash here would see
+    (call,) = await other.list_calls("run_1")
+    assert (call.id, call.turn, call.message_count, call.status) == (call_id, 1, 1, None)
+    assert [m.seq for m in await other.load_messages("run_1")] == [0]
+    await store.finish_call(call_id, status="ok", message=_message(1, role="assistant"))
+    assert [c.status for c in await other.list_calls("run_1")] == ["ok"]
+    assert await store.create_run(replace(run, id="run_2")) == 0  # no call: no id
+    with pytest.raises(StoreError):  # run_1 exists: nothing of this transaction is kept
+        await store.create_run(run, call=_call(1, 1))
+    assert len(await store.list_calls("run_1")) == 1
 
 
 async def test_a_finished_tool_event_is_read_back_whole(store: Store) -> None:

@@ -372,7 +372,16 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
             link = (ref.trace_id, ref.span_id) if ref is not None else None
             if self._start_rows is not None:  # started ``with_drive``: its rows and the link
                 record, snapshot_row, messages = self._start_rows
-                await store.create_run(record, snapshot=snapshot_row, messages=messages, span=link)
+                first = self._first_call_now()
+                call_id = await store.create_run(
+                    record,
+                    snapshot=snapshot_row,
+                    messages=messages,
+                    span=link,
+                    call=first[1] if first is not None else None,
+                )
+                if first is not None:
+                    self.begun = (*first, call_id)
                 self._start_rows = None
             elif link is not None:  # so a resumed run's span can link back to this one
                 await store.add_run_span(self.env.session_id, self.id, *link)
@@ -397,6 +406,21 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
             tracing.agent_output(span, output)
             await trace_spend(tracing, span, store, self.agent, self.record, self.own_usage)
             return output
+
+    def _first_call_now(self) -> tuple[ModelRequest, CallRecord] | None:
+        """A new run's first request and call row, to commit with the run's start rows
+        (one write instead of two), if the loop would build them with no await and its
+        limit check cannot stop the run first (``only_turns_limit``): then nothing runs
+        between that commit and the request that did not before. ``None``: the loop
+        builds and commits the call itself, as usual."""
+        if not self.limits.only_turns_limit(self) or not self.context:
+            return None
+        if self.context[-1].role != "user":
+            return None
+        try:
+            return self.begin_next_call_now()
+        except Exception:  # (a pipeline's check failing) met again in the usual order
+            return None
 
     def _driven(self) -> Awaitable[str]:
         """The loop, with a task group for work ahead (``background``) only if the pipeline

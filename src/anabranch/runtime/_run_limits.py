@@ -402,6 +402,21 @@ class SessionLimits:
             return LimitStop("max_turns", f"its turn limit (max_turns={run.agent.max_turns})")
         return self._time_stop(run.id, run.agent)
 
+    def only_turns_limit(self, run: LimitedRun) -> bool:
+        """Whether ``check`` can stop ``run`` (not yet driven) only at its turn limit: no
+        budget, ledger or deadline applies to it or its lineage, so ``check``'s outcome is
+        known before the run is attached and stays so while its turns do not change."""
+        budget, agent = run.agent.budget, run.agent
+        return (
+            self.session is None
+            and self.tenant_scope is None
+            and not self._agent_budgets
+            and not (budget is not None and budget.limited)
+            and agent.timeout is None
+            and self.deadline(run.record.parent_run_id or "") == math.inf
+            and run.turns - run.turn_base < agent.max_turns
+        )
+
     async def check(self, run: LimitedRun) -> LimitStop | None:
         """The first limit the run has reached before its next call, if any."""
         stop = self._turn_or_time_stop(run)

@@ -97,11 +97,15 @@ class Store(Protocol):
         snapshot: SnapshotRecord | None = None,
         messages: Sequence[MessageRecord] = (),
         span: tuple[str, str] | None = None,
-    ) -> None:
+        call: CallRecord | None = None,
+    ) -> int:
         """Commit a new run with its first prompt snapshot and messages in one transaction,
         so a crash never leaves a run without its task. ``span``: the (hex) trace and span
         id of its first drive, committed in the same transaction as ``add_run_span`` would
-        (a drive that starts the run writes once, and its resume link is never lost)."""
+        (a drive that starts the run writes once, and its resume link is never lost).
+        ``call``: the row of the run's first model call, committed last in the same
+        transaction as ``begin_call(call, ())`` would (the write-ahead of a first call
+        built with no await); returns its id (0 without ``call``)."""
         ...
 
     async def finish_run(

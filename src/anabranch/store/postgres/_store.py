@@ -191,9 +191,11 @@ class PostgresStore(Reads):
         """Commit ``fn`` unless the session it writes to was taken over from this store."""
         return await self._connections.write(fn, self._fence(session, run, call))
 
-    async def _write_later(self, fn: Callable[[Tx], Later[T]], *, run: str) -> T:
+    async def _write_later(
+        self, fn: Callable[[Tx], Later[T]], *, run: str | None = None, session: str | None = None
+    ) -> T:
         """``_write`` for statements whose result is read once the batch has run."""
-        return await self._connections.write_later(fn, self._fence(None, run, None))
+        return await self._connections.write_later(fn, self._fence(session, run, None))
 
     # ----------------------------------------------------------------- sessions
     async def create_session(
@@ -322,25 +324,31 @@ class PostgresStore(Reads):
         snapshot: SnapshotRecord | None = None,
         messages: Sequence[MessageRecord] = (),
         span: tuple[str, str] | None = None,
-    ) -> None:
+        call: CallRecord | None = None,
+    ) -> int:
         """Commit a new run with its first prompt snapshot and messages in one transaction,
         so a crash never leaves a run without its task (with ``span``, its first drive's
-        span row too)."""
+        span row too; with ``call``, its first call's row last: that row's id)."""
         values = run_row(run)
         snapshot_values = snapshot_row(snapshot) if snapshot else None
         message_values = [message_row(m) for m in messages]
         span_values = run_span_row(run.session_id, run.id, *span) if span is not None else None
+        call_values = call_row(call) if call is not None else None
 
-        def write(tx: Tx) -> None:
+        def write(tx: Tx) -> Later[int]:
             insert(tx, "runs", values)
             if snapshot_values:
                 insert(tx, "snapshots", snapshot_values)
             self._insert_messages(tx, message_values)
             if span_values is not None:
                 insert(tx, "run_spans", span_values)
+            return insert_id(tx, "calls", call_values) if call_values else Later(int)
 
-        await self._write(write, session=run.session_id)
+        call_id = await self._write_later(write, session=run.session_id)
         self._run_sessions[run.id] = run.session_id
+        if call_id:
+            self._call_runs[call_id] = run.id
+        return call_id
 
     async def finish_run(
         self, run_id: str, status: RunStatus, *, output: str | None = None, error: str | None = None

@@ -21,6 +21,7 @@ import anyio.to_thread
 from anabranch._process import pid_alive
 from anabranch.errors import SessionBusyError
 from anabranch.store._records import (
+    CallRecord,
     MessageRecord,
     RunRecord,
     RunStatus,
@@ -42,6 +43,7 @@ from anabranch.store.sqlite._open import (
 from anabranch.store.sqlite._rows import (
     RUN_SQL,
     SESSION_SQL,
+    call_values,
     fetch_rows,
     hex_bytes,
     hex_text,
@@ -324,16 +326,18 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
         snapshot: SnapshotRecord | None = None,
         messages: Sequence[MessageRecord] = (),
         span: tuple[str, str] | None = None,
-    ) -> None:
+        call: CallRecord | None = None,
+    ) -> int:
         """Commit a new run with its first prompt snapshot and messages in one transaction,
         so a crash never leaves a run without its task (with ``span``, its first drive's
-        span row too)."""
+        span row too; with ``call``, its first call's row last: that row's id)."""
         values = run_row(run)
         snapshot_values = snapshot_row(snapshot) if snapshot else None
         message_values = [message_row(m) for m in messages]
         span_values = _span_row(run.session_id, run.id, *span) if span is not None else None
+        call_row = call_values(call) if call is not None else None
 
-        def write(conn: sqlite3.Connection) -> None:
+        def write(conn: sqlite3.Connection) -> int:
             insert(conn, "runs", values)
             if snapshot_values:
                 insert(conn, "snapshots", snapshot_values)
@@ -341,8 +345,9 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
                 insert(conn, "messages", value)
             if span_values is not None:
                 insert(conn, "run_spans", span_values)
+            return insert(conn, "calls", call_row) if call_row is not None else 0
 
-        await self._sql.write(write)
+        return await self._sql.write(write)
 
     async def finish_run(
         self,
