@@ -21,8 +21,10 @@ from anabranch.runtime._cache_watch import _OkCall
 from anabranch.runtime._context_view import ContextChange, ContextView
 from anabranch.runtime._loop import AgentRun
 from anabranch.runtime._pipeline import PassThroughPipeline
-from anabranch.runtime._run_limits import NO_NOTES, Spend, TurnNotes
+from anabranch.runtime._run_limits import NO_NOTES, Spend, TurnNotes, _Driving
+from anabranch.store import MessageRecord, SnapshotRecord
 from anabranch.testing import FunctionModel
+from anabranch.traces._current import CurrentSpan
 
 from .helpers import call
 
@@ -67,6 +69,11 @@ def _held_by_the_loop() -> dict[str, object]:
         "run_methods": run_methods,
         "partials": len(partials),
         "ok_calls": sum(1 for o in objects if isinstance(o, _OkCall)),
+        # the run's and the call's spans are held as the span and its token: no
+        # ``CurrentSpan`` and bound ``__exit__`` (of it, or of the limits' ``driving``)
+        "span_holders": sum(1 for o in objects if isinstance(o, CurrentSpan | _Driving)),
+        # the drive's start rows are committed: not kept while the run is driven
+        "start_rows": sum(1 for o in objects if isinstance(o, SnapshotRecord | MessageRecord)),
         "notes": [o for o in objects if isinstance(o, TurnNotes) and o is not NO_NOTES],
         "spends": {id(o) for o in objects if isinstance(o, Spend)},
         # what a run keeps between its tool turns: the latest calls' ids marked fresh and
@@ -99,6 +106,7 @@ async def test_a_model_call_in_flight_holds_no_wrapper_or_record_of_its_own(
         assert held["run_methods"] == [], held
         assert held["partials"] == 0
         assert held["ok_calls"] == 0  # the previous call is kept as its row and response
+        assert held["span_holders"] == 0 and held["start_rows"] == 0, held
         assert held["notes"] == []  # a tool turn without notes carries the shared value
     # the spend ledger is updated in place: the same records at every call
     assert all(held["spends"] == seen[0]["spends"] for held in seen)

@@ -24,6 +24,7 @@ from typing import TypeVar
 import anyio
 import pydantic
 from anyio.abc import TaskGroup
+from opentelemetry.trace import Span
 
 from anabranch.agents import Agent
 from anabranch.context._cache import system_digest, tools_digest
@@ -71,7 +72,7 @@ from anabranch.runtime._session_view import UsageTotals, trace_spend
 from anabranch.runtime._thinking_view import floor_after_load, request_messages
 from anabranch.runtime._tool_calls import INTERRUPTED_REPORT, ToolCalls
 from anabranch.store import CallRecord, MessageRecord, RunRecord, SnapshotRecord, Store
-from anabranch.traces import SpanRef, Tracing
+from anabranch.traces import SpanRef, Tracing, close_span
 
 T = TypeVar("T")
 
@@ -355,40 +356,26 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
             return self.record.output or ""
         tracing = self.env.tracing
         task = self.context[0].text if self.context else ""
-        store = self.env.store
-        # the latest few drives (each links further back): a run driven thousands of times
-        # (a long chat) would otherwise read and link every earlier drive on each one
-        spans = [] if self.undriven else await store.run_spans(self.id, limit=RESUME_LINKS)
-        earlier, self.undriven = [SpanRef(t, s) for t, s in spans], False
-        with tracing.agent_run(
+        # the span held as two values, not a ``with``: its object and the bound ``__exit__``
+        # would live as long as the run (``open`` and ``close_span`` are its halves)
+        span, token = tracing.agent_run(
             agent=self.agent.name,
             run_id=self.id,
             session_id=self.env.session_id,
             model=self.agent.model,
             task=task,
-            resumed_from=earlier,
-        ) as span:
-            ref = tracing.span_ref(span)
-            link = (ref.trace_id, ref.span_id) if ref is not None else None
-            if self._start_rows is not None:  # started ``with_drive``: its rows and the link
-                record, snapshot_row, messages = self._start_rows
-                first = self._first_call_now()
-                call_id = await store.create_run(
-                    record,
-                    snapshot=snapshot_row,
-                    messages=messages,
-                    span=link,
-                    call=first[1] if first is not None else None,
-                )
-                if first is not None:
-                    self.begun = (*first, call_id)
-                self._start_rows = None
-            elif link is not None:  # so a resumed run's span can link back to this one
-                await store.add_run_span(self.env.session_id, self.id, *link)
+            resumed_from=await self._earlier_drives(),
+        ).open()
+        try:
+            await self._record_drive(span)
             limits = self.limits
             self.events.run_started()
             try:
-                with limits.driving(self):
+                # registered, and active while driven (a flag set and reset here: no
+                # context manager object and bound ``__exit__`` for the run's life)
+                state = limits.attach(self)
+                state.driving = True
+                try:
                     if self.agent.on_limit == "fail" and self.agent.timeout is not None:
                         with anyio.fail_after(self.agent.timeout):
                             output = await self._driven()
@@ -399,13 +386,53 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
                             output = await self._driven()
                         if cap.cancelled_caught:
                             raise await limits.cut_off_run(self)
+                finally:
+                    state.driving = False
             except BaseException as error:
                 self.events.run_failed(error)
                 raise
             self.events.run_done(output, self.stop.reason if self.stop else None)
             tracing.agent_output(span, output)
+            store = self.env.store
             await trace_spend(tracing, span, store, self.agent, self.record, self.own_usage)
-            return output
+        except BaseException as leaving:  # what the ``with`` statement's exit did
+            close_span(span, token, leaving)
+            raise
+        close_span(span, token, None)
+        return output
+
+    async def _earlier_drives(self) -> list[SpanRef]:
+        """The latest few drives of this run (each links further back): a run driven
+        thousands of times (a long chat) would otherwise read and link every one."""
+        if self.undriven:
+            self.undriven = False
+            return []
+        spans = await self.env.store.run_spans(self.id, limit=RESUME_LINKS)
+        self.undriven = False
+        return [SpanRef(t, s) for t, s in spans]
+
+    async def _record_drive(self, span: Span) -> None:
+        """A run started ``with_drive``: its start rows, with the drive's span (the resume
+        link); else the link alone. (A helper: what it reads is not kept while the run is
+        driven.)"""
+        ref = self.env.tracing.span_ref(span)
+        link = (ref.trace_id, ref.span_id) if ref is not None else None
+        store = self.env.store
+        if self._start_rows is not None:
+            record, snapshot_row, messages = self._start_rows
+            first = self._first_call_now()
+            call_id = await store.create_run(
+                record,
+                snapshot=snapshot_row,
+                messages=messages,
+                span=link,
+                call=first[1] if first is not None else None,
+            )
+            if first is not None:
+                self.begun = (*first, call_id)
+            self._start_rows = None
+        elif link is not None:  # so a resumed run's span can link back to this one
+            await store.add_run_span(self.env.session_id, self.id, *link)
 
     def _first_call_now(self) -> tuple[ModelRequest, CallRecord] | None:
         """A new run's first request and call row, to commit with the run's start rows

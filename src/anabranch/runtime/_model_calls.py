@@ -41,6 +41,7 @@ from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import LimitStop, SessionLimits
 from anabranch.runtime._session_view import UsageTotals
 from anabranch.store import CallRecord, MessageRecord, RunRecord, ToolEventRecord
+from anabranch.traces import close_span
 
 if TYPE_CHECKING:
     from anabranch.runtime._run_context import PipelineStep
@@ -221,7 +222,9 @@ class ModelCalls:
         elif call_id is None:
             call_id = await env.store.begin_call(call, ())
         try:
-            with env.tracing.model_call(
+            # the span held as two values, not a ``with`` (its object and bound ``__exit__``
+            # would outlive the model's latency): ``open`` and ``close_span`` are its halves
+            span, token = env.tracing.model_call(
                 model=request.model,
                 session_id=env.session_id,
                 agent=self.agent.name,
@@ -230,7 +233,8 @@ class ModelCalls:
                 messages=request.messages,
                 system=request.system,
                 purpose=purpose,
-            ) as span:
+            ).open()
+            try:
                 self.events.call_started(request, attempt, purpose)
                 try:
                     model = env.model
@@ -243,9 +247,7 @@ class ModelCalls:
                     self.events.call_failed(attempt, purpose, error)
                     raise
                 self.events.call_finished(attempt, purpose, response)
-                await self.limits.charge(
-                    self, response.model or request.model, response.usage
-                )
+                await self.limits.charge(self, response.model or request.model, response.usage)
                 env.tracing.model_response(
                     span,
                     response_id=response.id,
@@ -256,7 +258,11 @@ class ModelCalls:
                 )
                 if call is not None:
                     await self._commit_response(call_id, call, request.model, response)
-                return response
+            except BaseException as leaving:  # what the ``with`` statement's exit did
+                close_span(span, token, leaving)
+                raise
+            close_span(span, token, None)
+            return response
         except ModelError as error:
             if call is not None:
                 await env.store.finish_call(

@@ -137,7 +137,8 @@ class _RunState:
 
 class _Driving:
     """``SessionLimits.driving``: a run counts as active inside the ``with`` (a plain
-    object, not a generator: it lives as long as the run is driven)."""
+    object, not a generator). ``AgentRun.drive`` sets and resets ``driving`` on the
+    ``attach``-ed state itself: no object and bound ``__exit__`` for a run's whole life."""
 
     __slots__ = ("state",)
 

@@ -30,6 +30,8 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 __all__ = [
     "NO_ATTRIBUTES",
     "CurrentSpan",
+    "OpenSpan",
+    "close_span",
     "links_or_none",
     "record_failure",
     "safe_set",
@@ -155,6 +157,16 @@ class CurrentSpan:
         self._token: Token[otel_context.Context] | None = None
 
     def __enter__(self) -> Span:
+        span, self._token = self.open()
+        self._span = span if self._token is not None else None
+        return span
+
+    def open(self) -> OpenSpan:
+        """Start the span and make it current, as ``__enter__`` does, and hand back the span
+        and its context token for ``close_span`` (this object is not needed after): a
+        caller whose block waits long (a model call waits for the model) keeps two values
+        it holds anyway, not this object and the ``with`` statement's bound ``__exit__``.
+        If the SDK or a span processor fails: ``INVALID_SPAN`` and no token."""
         attributes, more = self._attributes, self._more
         self._attributes, self._more = NO_ATTRIBUTES, None  # not kept alive while the block runs
         try:
@@ -166,11 +178,10 @@ class CurrentSpan:
                 attributes = NO_ATTRIBUTES  # the span has them
             else:
                 span = self._tracer.start_span(self._name, parent, self._kind, links=self._links)
-            self._token = otel_context.attach(trace.set_span_in_context(span, parent))
+            token = otel_context.attach(trace.set_span_in_context(span, parent))
         except Exception:
             _log.debug("could not start span %s", self._name, exc_info=True)
-            return trace.INVALID_SPAN
-        self._span = span
+            return trace.INVALID_SPAN, None
         if (attributes or more is not None) and span.is_recording():
             if more is not None:
                 try:
@@ -179,20 +190,34 @@ class CurrentSpan:
                     _log.debug("could not build attributes of span %s", self._name, exc_info=True)
             if attributes:
                 set_all(span, attributes)
-        return span
+        return span, token
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
-        span = self._span
-        if span is None:
-            return
-        self._span = None
-        if isinstance(exc, Exception):
-            record_failure(span, exc)
-        try:
-            if self._token is not None:
-                otel_context.detach(self._token)
-            span.end()
-        except Exception:
-            _log.debug("could not end span %s", self._name, exc_info=True)
+        span, token = self._span, self._token
+        self._span = self._token = None
+        if span is not None:
+            close_span(span, token, exc)
+
+
+OpenSpan = tuple[Span, Token[otel_context.Context] | None]
+"""A span ``CurrentSpan.open`` started and made current, and its context token (``None``:
+no span was started)."""
+
+
+def close_span(
+    span: Span, token: Token[otel_context.Context] | None, exc: BaseException | None
+) -> None:
+    """End a span ``CurrentSpan.open`` started (what ``__exit__`` does): an ``Exception``
+    leaving its block (``exc``; not a cancellation) recorded with an error status, the
+    context it replaced current again, the span ended. Nothing for ``token`` ``None``."""
+    if token is None:
+        return
+    if isinstance(exc, Exception):
+        record_failure(span, exc)
+    try:
+        otel_context.detach(token)
+        span.end()
+    except Exception:
+        _log.debug("could not end span %s", getattr(span, "name", ""), exc_info=True)
