@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from anabranch import messages as messages_module
 from anabranch.messages import (
     Message,
@@ -43,6 +45,9 @@ def _forget_encodings(message: Message) -> None:
 def _uncached(request: ModelRequest) -> str:
     for message in request.messages:
         _forget_encodings(message)
+    for block in request.system:  # the prompt's state kept with its first block
+        for key in [k for k in block.__dict__ if k.startswith("_anabranch_")]:
+            del block.__dict__[key]
     messages_module._PROMPTS.clear()
     return request.fingerprint()
 
@@ -142,6 +147,36 @@ def test_a_cached_prompt_dies_with_its_blocks() -> None:
     del system
     gc.collect()
     assert len(messages_module._PROMPTS) == before
+
+
+def test_a_prompt_kept_with_its_first_block_serves_only_the_same_blocks_and_tools(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first, second = SystemBlock(text="be brief", cache="5m"), SystemBlock(text="today")
+    tools = (ToolDefinition(name="t", description="d", input_schema={"type": "object"}),)
+    history = tuple(_conversation(1))
+    request = ModelRequest(model="m", system=(first, second), tools=tools, messages=history)
+    assert request.fingerprint() == _by_definition(request)
+
+    def no_memo(*_args: object) -> object:
+        raise AssertionError("the prompt's state was looked up again")
+
+    # the next call of the run (a new request, the very same blocks and tools): no lookup
+    monkeypatch.setattr(messages_module._PROMPTS, "get", no_memo)
+    again = request.model_copy(update={"messages": history[:2]})
+    assert again.fingerprint() == _by_definition(again)
+    monkeypatch.undo()
+    # the same first block with other blocks after it, or other tools: not the kept state
+    other_tools = (ToolDefinition(name="u", description="d", input_schema={"type": "object"}),)
+    for system, with_tools in [
+        ((first, SystemBlock(text="tomorrow")), tools),
+        ((first,), tools),
+        ((first, second), other_tools),
+        ((first, second), ()),
+        ((first, second), tools),
+    ]:
+        changed = ModelRequest(model="m", system=system, tools=with_tools, messages=history)
+        assert changed.fingerprint() == _by_definition(changed)
 
 
 # ---------------------------------------------------------------- the definition, pinned
@@ -251,6 +286,4 @@ def test_a_changed_context_is_hashed_from_the_start() -> None:
     for context in (cleared, compacted, rewound, history, copies, edited, history[:1], history):
         request = ModelRequest(model="m", messages=tuple(context))
         assert request.fingerprint() == _by_definition(request)
-    assert (
-        ModelRequest(model="m", messages=tuple(edited)).fingerprint() != full.fingerprint()
-    )
+    assert ModelRequest(model="m", messages=tuple(edited)).fingerprint() != full.fingerprint()

@@ -276,11 +276,6 @@ def message_digest(message: Message) -> bytes:
     return digest
 
 
-def _messages_digest(messages: tuple[Message, ...] | list[Message]) -> bytes:
-    """The concatenated per-message digests (each computed once per message object)."""
-    return b"".join(map(message_digest, messages))
-
-
 _PROMPTS: IdentityMemo[hashlib._Hash] = IdentityMemo()
 
 
@@ -289,9 +284,30 @@ def _prompt_hash(
 ) -> hashlib._Hash:
     """SHA-256 state after the canonical JSON of a request's system blocks and tools,
     reused while they are the same objects (a run sends its snapshot's with every call).
-    Copy it before updating."""
+    Copy it before updating.
 
-    return _PROMPTS.get((system, tools), _prompt_state)
+    The state is kept with the first system block too (``_PROMPT_KEPT``), with the blocks
+    after it and the tools it was computed with: a run's next call finds it there with
+    no lookup (the identity memo costs a few calls per model call). It is used only while
+    the tools are the very same tuple (equal tools may encode differently: ``1 == 1.0`` in
+    a schema) and the blocks after the first the same or equal ones (a text and a mark);
+    anything else asks the memo."""
+    if not system:
+        return _PROMPTS.get((system, tools), _prompt_state)
+    kept = system[0].__dict__
+    if _PROMPT_KEPT in kept:
+        rest, kept_tools, state = kept[_PROMPT_KEPT]
+        if kept_tools is tools and rest == system[1:]:
+            found: hashlib._Hash = state
+            return found
+    state = _PROMPTS.get((system, tools), _prompt_state)
+    kept[_PROMPT_KEPT] = (system[1:], tools, state)  # (not the tuple holding the block)
+    return state
+
+
+_PROMPT_KEPT = "_anabranch_prompt_state"
+"""Kept in a request's first system block's ``__dict__``: the blocks after it, the tools
+and the prompt's hash state (no reference back to the block: no cycle)."""
 
 
 def _prompt_state(
@@ -334,20 +350,21 @@ def _messages_hash(messages: tuple[Message, ...]) -> bytes:
         return _EMPTY_HASH
     first = messages[0]
     head = message_digest(first)
-    kept = first.__dict__
-    rest: tuple[Message, ...] | None = kept.get(_PREFIX)
-    if rest is not None and kept.get(_PREFIX_HEAD) == head:
+    kept = first.__dict__  # (the three entries are set together)
+    if _PREFIX in kept and kept[_PREFIX_HEAD] == head:
+        rest: tuple[Message, ...] = kept[_PREFIX]
         size = len(rest) + 1
-        if size <= len(messages) and messages[1:size] == rest:
-            if size == len(messages):
+        count = len(messages)
+        if size <= count and messages[1:size] == rest:
+            if size == count:
                 done: bytes = kept[_PREFIX_STATE].digest()
                 return done
             state: hashlib._Hash = kept[_PREFIX_STATE].copy()  # never updated in place
-            state.update(_messages_digest(messages[size:]))
+            state.update(b"".join(map(message_digest, messages[size:])))
             kept[_PREFIX_HEAD], kept[_PREFIX], kept[_PREFIX_STATE] = head, messages[1:], state
             return state.digest()
     state = hashlib.sha256(head)  # the digests' hash: sha256(head + digests of the rest)
-    state.update(_messages_digest(messages[1:]))
+    state.update(b"".join(map(message_digest, messages[1:])))
     kept[_PREFIX_HEAD], kept[_PREFIX], kept[_PREFIX_STATE] = head, messages[1:], state
     return state.digest()
 
