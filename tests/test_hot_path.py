@@ -21,6 +21,7 @@ from anabranch.messages import (
     ToolDefinition,
     ToolResultBlock,
     ToolUseBlock,
+    Usage,
 )
 from anabranch.runtime._run_prompt import build_prompt, run_request, with_breakpoints
 from anabranch.store import RunRecord
@@ -230,3 +231,51 @@ def test_the_children_of_one_role_run_as_one_agent_object_and_share_their_prompt
 
     builtins = default_builtins()
     assert build_prompt(first, child("c1"), builtins) is build_prompt(second, child("c2"), builtins)
+
+
+def test_a_run_reads_its_policy_threshold_again_only_for_another_policy() -> None:
+    from anabranch.runtime._run_context import RunContext
+
+    run = RunContext()
+    run.agent = Agent(name="a", context=ContextPolicy(window=100_000))
+    assert run.threshold == run.agent.context.threshold
+    # another policy (a switched or copied agent): its own threshold, not the kept one
+    run.agent = run.agent.model_copy(update={"context": ContextPolicy(window=20_000)})
+    assert (
+        run.threshold == ContextPolicy(window=20_000).threshold != Agent(name="a").context.threshold
+    )
+
+
+@pytest.mark.anyio
+async def test_after_response_gives_something_to_await_only_for_a_check_or_a_hook() -> None:
+    from types import SimpleNamespace
+
+    from anabranch.messages import ModelResponse
+    from anabranch.runtime._cache_watch import CacheWatch
+    from anabranch.runtime._loop import AgentRun
+    from anabranch.store import CallRecord
+
+    run = AgentRun.__new__(AgentRun)  # only what ``after_response`` reads
+    run.agent = Agent(name="a")
+    run.cache_watch = CacheWatch()
+    run.env = SimpleNamespace(extras={})  # type: ignore[assignment]
+    response = ModelResponse(content=(), usage=Usage(cache_read_input_tokens=10))
+
+    def call(turn: int) -> CallRecord:
+        return CallRecord(
+            run_id="r", turn=turn, attempt=1, fingerprint="f", message_count=1, created=0.0
+        )
+
+    # a first call, and one that read all the cache the previous call left: no coroutine
+    assert run.after_response(1, call(1), response) is None
+    assert run.after_response(2, call(2), response) is None
+    seen: list[tuple[object, int, ModelResponse]] = []
+
+    async def hook(hooked: object, call_id: int, answered: ModelResponse) -> None:
+        seen.append((hooked, call_id, answered))
+
+    run.env.extras["after_response"] = hook
+    after = run.after_response(3, call(3), response)
+    assert after is not None and not seen  # the hook runs when awaited, at once
+    await after
+    assert seen == [(run, 3, response)]

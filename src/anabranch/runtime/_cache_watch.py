@@ -9,6 +9,7 @@ the store is read for the previous call only on the first call after the run was
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from anabranch.context._cache import (
@@ -127,27 +128,36 @@ class CacheWatch:
         as they are (they live anyway); what a check compares is built only for the check,
         so no record per call outlives it."""
 
-    async def after_call(
+    def after_call(
         self, run: RunView, call_id: int, call: CallRecord, response: ModelResponse
-    ) -> CacheBreak | None:
+    ) -> Awaitable[CacheBreak | None] | None:
         """Record (and emit) a cache break for ``call`` (committed as ``call_id`` with its
-        ``response``) if there is one; it becomes the previous call of the next check."""
+        ``response``) if there is one; it becomes the previous call of the next check.
+
+        ``None``: there is none, known without an await (the usual answer: no coroutine
+        per model call); else the check, to be awaited at once, returning the break if any."""
         known, last, last_id, last_response = self._known, self._call, self._call_id, self._response
         self._known, self._call, self._call_id, self._response = True, call, call_id, response
         if not run.agent.context.cache_breakpoints:
             return None
-        previous = None
         if not known:  # a run's ok calls are its turns 1..n: none is before the first turn
-            previous = None if call.turn == 1 else await _stored_previous(run, call_id)
-        elif last is not None and last_response is not None:
-            if response.usage.cache_read_input_tokens >= expected_cache_read(
-                last_response.usage
-            ):  # no break (``_check``'s first test, on the same counts): nothing is built
-                return None
-            previous = _OkCall.answered(last_id, last, last_response)
-        if previous is None:
+            return None if call.turn == 1 else _check_stored(run, call_id, call, response)
+        if last is None or last_response is None:
             return None
-        return await _check(run, _OkCall.answered(call_id, call, response), previous, response)
+        if response.usage.cache_read_input_tokens >= expected_cache_read(last_response.usage):
+            return None  # no break (``_check``'s first test, on the same counts): nothing built
+        previous = _OkCall.answered(last_id, last, last_response)
+        return _check(run, _OkCall.answered(call_id, call, response), previous, response)
+
+
+async def _check_stored(
+    run: RunView, call_id: int, call: CallRecord, response: ModelResponse
+) -> CacheBreak | None:
+    """The check of a run's first call made here: its previous call read from the store."""
+    previous = await _stored_previous(run, call_id)
+    if previous is None:
+        return None
+    return await _check(run, _OkCall.answered(call_id, call, response), previous, response)
 
 
 async def _check(

@@ -146,8 +146,7 @@ class CompactingPipeline:
     async def ingest(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
         return spill_over_limit(run, call, outcome)
 
-    def ingest_now(self, run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:
-        return spill_over_limit(run, call, outcome)
+    ingest_now = staticmethod(spill_over_limit)  # (itself: no layer per tool result)
 
     def works_ahead(self, agent: Agent) -> bool:
         return agent.context.compact_ahead_at is not None  # summaries ahead (``_ahead``)
@@ -177,8 +176,7 @@ class CompactingPipeline:
             await self._start_ahead(step)
         return step.change() if step.decided else None  # None: nothing to commit
 
-    def quiet_before_call(self, run: ContextView) -> bool:
-        return quiet_before_call(self, run)  # ``before_call`` would do nothing (no await)
+    quiet_before_call = quiet_before_call  # ``before_call`` would do nothing (no await)
 
     def model_switch(self, run: ContextView) -> ModelSwitch | None:
         """The run's model changed to one that cannot hold its context (see ``_model_switch``)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import anyio
@@ -46,7 +46,7 @@ from anabranch.messages import (
     Usage,
 )
 from anabranch.runtime._approval import GatedRun
-from anabranch.runtime._cache_watch import CacheWatch
+from anabranch.runtime._cache_watch import CacheBreak, CacheWatch
 from anabranch.runtime._context_view import ContextView
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._final_report import final_report
@@ -512,10 +512,25 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
             await self.append(retry_message(error, used + 1, allowed + 1))
             return None
 
-    async def after_response(self, call_id: int, call: CallRecord, response: ModelResponse) -> None:
+    def after_response(
+        self, call_id: int, call: CallRecord, response: ModelResponse
+    ) -> Awaitable[None] | None:
         """Records a cache break if this call read less cache than it could; then runs the
-        ``after_response`` hook of cooperating features, if any."""
-        self.events.cache_break(await self.cache_watch.after_call(self, call_id, call, response))
+        ``after_response`` hook of cooperating features, if any. What to await at once,
+        or ``None`` when neither needs an await (the usual call: no coroutine for it)."""
+        check = self.cache_watch.after_call(self, call_id, call, response)
+        if check is not None:
+            return self._after_check(check, call_id, response)
+        extras = self.env.extras
+        if "after_response" not in extras:
+            return None
+        hook: Callable[[AgentRun, int, ModelResponse], Awaitable[None]] = extras["after_response"]
+        return hook(self, call_id, response)
+
+    async def _after_check(
+        self, check: Awaitable[CacheBreak | None], call_id: int, response: ModelResponse
+    ) -> None:
+        self.events.cache_break(await check)
         hook = self.env.extras.get("after_response")
         if hook is not None:
             await hook(self, call_id, response)

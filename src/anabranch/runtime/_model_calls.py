@@ -103,9 +103,9 @@ class ModelCalls:
 
         def _started_events(self, uses: Sequence[ToolUseBlock]) -> list[ToolEventRecord]: ...
 
-        async def after_response(
+        def after_response(
             self, call_id: int, call: CallRecord, response: ModelResponse
-        ) -> None: ...
+        ) -> Awaitable[None] | None: ...
 
     async def take_turn(
         self, *, tool_choice: str | None = None, max_tokens: int | None = None
@@ -235,7 +235,8 @@ class ModelCalls:
                 purpose=purpose,
             ).open()
             try:
-                self.events.call_started(request, attempt, purpose)
+                if env.events.active:  # (no call per model call while nobody listens)
+                    self.events.call_started(request, attempt, purpose)
                 try:
                     model = env.model
                     if env.events.active and isinstance(model, StreamingModel):
@@ -246,18 +247,20 @@ class ModelCalls:
                     env.tracing.model_error(span, error)
                     self.events.call_failed(attempt, purpose, error)
                     raise
-                self.events.call_finished(attempt, purpose, response)
+                if env.events.active:
+                    self.events.call_finished(attempt, purpose, response)
                 await self.limits.charge(self, response.model or request.model, response.usage)
+                message = response.to_message()
                 env.tracing.model_response(
                     span,
                     response_id=response.id,
                     response_model=response.model,
                     stop_reason=response.stop_reason,
                     usage=response.usage,
-                    output=response.to_message(),
+                    output=message,
                 )
                 if call is not None:
-                    await self._commit_response(call_id, call, request.model, response)
+                    await self._commit_response(call_id, call, request.model, response, message)
             except BaseException as leaving:  # what the ``with`` statement's exit did
                 close_span(span, token, leaving)
                 raise
@@ -276,11 +279,15 @@ class ModelCalls:
         return retrying(self.env.retry, attempt, on_retry=self._on_retry)
 
     async def _commit_response(
-        self, call_id: int, call: CallRecord, model: str, response: ModelResponse
+        self,
+        call_id: int,
+        call: CallRecord,
+        model: str,
+        response: ModelResponse,
+        message: Message,
     ) -> None:
-        """Commit a call's answer (its assistant message, usage, and the ``started`` marks
-        of the tools it asks for) in one transaction, inside the call's span."""
-        message = response.to_message()
+        """Commit a call's answer (its assistant ``message``, usage, and the ``started``
+        marks of the tools it asks for) in one transaction, inside the call's span."""
         uses = message.tool_uses
         started = self._started_events(uses)
         # an answer the loop takes as it is ends the run: its end commits with it
@@ -310,4 +317,6 @@ class ModelCalls:
         self.last_response_id = response.id
         self.served_model = model
         self._fresh_tools = (message, uses, frozenset(map(_CALL_ID, started)))
-        await self.after_response(call_id, call, response)
+        after = self.after_response(call_id, call, response)
+        if after is not None:
+            await after

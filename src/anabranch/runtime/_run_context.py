@@ -17,7 +17,7 @@ from typing import TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
-from anabranch.agents import Agent
+from anabranch.agents import Agent, ContextPolicy
 from anabranch.context._tokens import estimate_messages, estimate_request
 from anabranch.errors import CompactionFailedError
 from anabranch.messages import Message, ModelRequest, ModelResponse, ToolResultBlock, Usage
@@ -105,9 +105,17 @@ class RunContext:
         anchored = self.last_usage.total_input_tokens + self.last_usage.output_tokens
         return anchored + estimate_messages(self.appended_since_usage)
 
+    _threshold_of: ContextPolicy | None = None
+    _threshold = 0
+
     @property
     def threshold(self) -> int:
-        return self.agent.context.threshold
+        """The policy's threshold, worked out once per policy object (frozen: its fields
+        never change) instead of before every call."""
+        policy = self.agent.context
+        if policy is not self._threshold_of:
+            self._threshold, self._threshold_of = policy.threshold, policy
+        return self._threshold
 
     def estimate_tokens(self, context: Sequence[Message]) -> int:
         """What ``context_tokens`` will be once ``context`` is swapped in (no usage yet)."""

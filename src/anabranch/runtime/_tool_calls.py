@@ -271,7 +271,8 @@ class ToolCalls:
         """Run one call and commit its ``finished`` event (its pins first: a crash between
         them runs it again), with the user turn if it can close the turn (``_closing``)."""
         try:
-            self.events.tool_started(use)
+            if self.env.events.active:  # (no call per tool call while nobody listens)
+                self.events.tool_started(use)
             tool = self.agent.tool(use.name)
             interrupted, marked = use.id in turn.started, use.id in turn.marked
             outcome = await self._run_tool(use, tool, interrupted=interrupted, marked=marked)
@@ -291,7 +292,8 @@ class ToolCalls:
                 self._turn_entered(message, next_call, call_id)
                 turn.closed = notes
             turn.outcomes[use.id] = outcome
-            self.events.tool_finished(use, outcome)
+            if self.env.events.active:
+                self.events.tool_finished(use, outcome)
         except ApprovalPendingError as pending:  # a sub-agent waits: this run pauses too
             turn.nested = (*turn.nested, pending)  # and sibling calls finish
 
