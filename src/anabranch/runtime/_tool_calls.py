@@ -77,7 +77,18 @@ class _Turn:
     """One tool turn's calls while they run: their outcomes so far (each one's ``finished``
     event committed), and the notes of the user turn once it is committed."""
 
-    __slots__ = ("closed", "gate", "marked", "nested", "outcomes", "shield", "started", "uses")
+    __slots__ = (
+        "closed",
+        "committing",
+        "gate",
+        "marked",
+        "nested",
+        "outcomes",
+        "settled",
+        "shield",
+        "started",
+        "uses",
+    )
 
     def __init__(
         self,
@@ -96,6 +107,28 @@ class _Turn:
         """Set once the user turn is committed (with the last result)."""
         self.nested: tuple[ApprovalPendingError, ...] = ()
         """Sub-agents (run by this turn's calls) that stopped to wait for approval."""
+        self.committing: set[str] = set()
+        """Calls whose ``finished`` event is being committed alone (not in ``outcomes`` yet)."""
+        self.settled: anyio.Event | None = None
+        """Set once ``committing`` is empty again, for a call that waits to close the turn."""
+
+    def commit_ended(self, call_id: str) -> None:
+        """``call_id``'s lone commit has ended (committed or not): wake a call waiting for it."""
+        self.committing.discard(call_id)
+        if not self.committing and self.settled is not None:
+            self.settled.set()
+            self.settled = None
+
+    def only_commits_pending(self, use: ToolUseBlock) -> bool:
+        """Whether every call but ``use`` has its outcome, some still being committed: once
+        those commits end, ``use`` can close the turn with its own result."""
+        if not self.committing:
+            return False
+        for other in self.uses:
+            if other is not use and other.id not in self.outcomes:
+                if other.id not in self.committing:
+                    return False
+        return True
 
 
 class ToolCalls:
@@ -269,7 +302,9 @@ class ToolCalls:
 
     async def _run_one(self, use: ToolUseBlock, turn: _Turn) -> None:
         """Run one call and commit its ``finished`` event (its pins first: a crash between
-        them runs it again), with the user turn if it can close the turn (``_closing``)."""
+        them runs it again), with the user turn if it can close the turn (``_closing``;
+        first waiting, when every other call has its outcome, for those still being
+        committed alone: ``_settle``)."""
         try:
             if self.env.events.active:  # (no call per tool call while nobody listens)
                 self.events.tool_started(use)
@@ -279,9 +314,16 @@ class ToolCalls:
             pins = self._pins(use, tool, outcome)
             if pins:
                 await self._commit_pins(use, pins)
+            if turn.only_commits_pending(use) and self._may_close(turn):
+                await self._settle(turn)
             closing = self._closing(use, outcome, turn)
             if closing is None:
-                await self.env.store.record_tool_event(self._finished_event(use, outcome))
+                turn.committing.add(use.id)
+                try:
+                    await self.env.store.record_tool_event(self._finished_event(use, outcome))
+                    turn.outcomes[use.id] = outcome
+                finally:
+                    turn.commit_ended(use.id)
             else:
                 message, notes, commit, next_call = closing
                 if turn.shield:  # a time limit cutting the calls off must not hide the commit
@@ -307,8 +349,7 @@ class ToolCalls:
         commit that did not before (and the next call's row with them, if it can be
         built now: that call's request and row last). None: the event is committed alone."""
         ingest_now = self._ingest_now
-        limits, gate = self.limits, turn.gate
-        if ingest_now is None or limits.reads_ledger or gate.waiting or turn.nested:
+        if ingest_now is None or not self._may_close(turn):
             return None
         for other in turn.uses:
             if other.id not in turn.outcomes and other is not use:
@@ -317,6 +358,27 @@ class ToolCalls:
             return self._turn_commit(use, outcome, turn, ingest_now)
         except Exception:  # met again in the usual order, once the result is committed alone
             return None
+
+    def _may_close(self, turn: _Turn) -> bool:
+        """Whether a call's result may close ``turn`` (``_closing``), its others aside."""
+        gate = turn.gate
+        return not (
+            self._ingest_now is None or self.limits.reads_ledger or gate.waiting or turn.nested
+        )
+
+    @staticmethod
+    async def _settle(turn: _Turn) -> None:
+        """Wait until the calls whose results are being committed alone are committed (or
+        have failed), so that this call's result can close the turn: one commit for it,
+        the user turn and the next call's row, instead of one for it alone and one for the
+        rest. Shielded: a result whose tool has run is committed even if the turn is
+        cancelled meanwhile, as when it is committed at once (the wait is for commits
+        already on their way, each shielded itself)."""
+        if turn.settled is None:
+            turn.settled = anyio.Event()
+        settled = turn.settled
+        with anyio.CancelScope(shield=True):
+            await settled.wait()
 
     def _turn_commit(
         self, use: ToolUseBlock, outcome: ToolOutcome, turn: _Turn, ingest_now: IngestNow
