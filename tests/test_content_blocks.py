@@ -17,9 +17,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from anabranch import Agent, AnthropicModel, Document, Image, Runtime, UserError, tool
-from anabranch.context._content import DOCUMENT_PAGE_TOKENS, IMAGE_TOKENS
+from anabranch.context._content import (
+    DOCUMENT_PAGE_TOKENS,
+    IMAGE_TOKENS,
+    message_attachment_tokens,
+)
 from anabranch.context._tokens import estimate_messages
-from anabranch.messages import Message, TextBlock, ToolResultBlock
+from anabranch.messages import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from anabranch.store import ToolEventRecord
 from anabranch.testing import MessagesServer, TestModel
 
@@ -113,6 +117,19 @@ def test_token_estimate_counts_images_and_pdf_pages() -> None:
     base = estimate_messages([text])
     assert estimate_messages([with_image]) == base + IMAGE_TOKENS
     assert estimate_messages([with_pdf]) == base + 2 * DOCUMENT_PAGE_TOKENS
+    # inside a tool result, after blocks that carry none: counted all the same
+    use = ToolUseBlock(id="t", name="shot", input={})
+    results = Message(
+        role="user",
+        content=(
+            ToolResultBlock(tool_use_id="s", content="no image"),
+            ToolResultBlock(tool_use_id="t", content="", attachments=(SCREENSHOT,)),
+        ),
+    )
+    plain = Message(role="user", content=(ToolResultBlock(tool_use_id="s", content="no image"),))
+    tokens = estimate_messages([results]) - estimate_messages([plain])
+    assert message_attachment_tokens(results) == IMAGE_TOKENS and tokens >= IMAGE_TOKENS
+    assert message_attachment_tokens(Message(role="assistant", content=(use,))) == 0
 
 
 def _image_turn(source: dict[str, Any], in_tool_result: bool) -> list[dict[str, Any]]:

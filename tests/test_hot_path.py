@@ -105,6 +105,17 @@ def test_tool_lookup_follows_a_copied_definition() -> None:
     assert copied == Agent(name="a", tools=[beta])  # the index is not part of equality
 
 
+def test_whether_an_agent_asks_approval_follows_a_copied_definition() -> None:
+    from anabranch.agents import Tool
+
+    gated: Tool = tool(needs_approval=True)(beta.function)
+    agent = Agent(name="a", tools=[alpha])
+    assert not agent.asks_approval()
+    copied = agent.model_copy(update={"tools": (alpha, gated)})  # carries the first index
+    assert copied.asks_approval() and copied.tool("beta") is gated
+    assert not agent.asks_approval()
+
+
 @pytest.mark.parametrize(
     "policy",
     [

@@ -166,18 +166,29 @@ class Agent(BaseModel):
     def tool(self, name: str) -> Tool | None:
         """The tool called ``name``, or ``None`` (a dict lookup: the loop asks several times
         per tool call)."""
-        tools, by_name = self._tools_by_name
+        tools, by_name, _ = self._tools_by_name
         if tools is not self.tools:  # a ``model_copy`` with other tools kept the old index
             del self.__dict__["_tools_by_name"]
-            tools, by_name = self._tools_by_name
+            tools, by_name, _ = self._tools_by_name
         return by_name.get(name)
 
+    def asks_approval(self) -> bool:
+        """Whether any of the agent's tools may wait for approval (``needs_approval``): a
+        turn of an agent without one has no call to gate (kept with the tool index, once
+        per tuple of frozen tools)."""
+        tools, _, asking = self._tools_by_name
+        if tools is not self.tools:  # (see ``tool``)
+            del self.__dict__["_tools_by_name"]
+            tools, _, asking = self._tools_by_name
+        return asking
+
     @cached_property
-    def _tools_by_name(self) -> tuple[tuple[Tool, ...], dict[str, Tool]]:
+    def _tools_by_name(self) -> tuple[tuple[Tool, ...], dict[str, Tool], bool]:
         by_name: dict[str, Tool] = {}
         for tool in self.tools:
             by_name.setdefault(tool.name, tool)
-        return self.tools, by_name
+        asking = any(tool.needs_approval for tool in by_name.values())
+        return self.tools, by_name, asking
 
     def subagent(self, name: str) -> Agent | None:
         return next((a for a in self.subagents if a.name == name), None)

@@ -150,7 +150,7 @@ def breakpoints(
     tool_at = (len(tools) - 1,) if tools and taken < MAX_BREAKPOINTS else ()
     new_tools = _marked(tools, tool_at, head_ttl)
     new_system = _marked(system, (0, len(system) - 1), head_ttl)
-    messages_ttl = message_ttl(ttl, prefix_ttl)
+    messages_ttl = "5m" if head_ttl == "5m" else ttl  # ``message_ttl``, written out
     marks: tuple[tuple[int, CacheTTL], ...]
     if anchor is None:  # the anchor always comes before the rolling one
         marks = () if rolling is None else ((rolling, messages_ttl),)

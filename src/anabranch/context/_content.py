@@ -24,6 +24,7 @@ from anabranch.messages import (
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
+    ToolUseBlock,
 )
 
 __all__ = [
@@ -74,6 +75,14 @@ def attachment_tokens(block: Image | Document) -> int:
 
 def message_attachment_tokens(message: Message) -> int:
     """Estimated tokens of every image and document in ``message`` (tool results too)."""
+    for block in message.content:  # the usual message has none: told with no call
+        if type(block) is ToolResultBlock:
+            if block.attachments:
+                break
+        elif type(block) is not TextBlock and type(block) is not ToolUseBlock:
+            break
+    else:
+        return 0
     attachments = message.attachments
     return sum(attachment_tokens(a) for a in attachments) if attachments else 0
 

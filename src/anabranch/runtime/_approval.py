@@ -108,7 +108,10 @@ async def gate_calls(
     ``known``: the calls' committed tool events (None: the turn was just answered here,
     so none can exist yet).
     """
-    asking = [use for use in todo if needs_approval(run.agent.tool(use.name), use)]
+    agent = run.agent
+    if not agent.asks_approval():  # (no tool of it can: no look-up per call)
+        return NO_APPROVALS
+    asking = [use for use in todo if needs_approval(agent.tool(use.name), use)]
     if not asking:
         return NO_APPROVALS
     denied: dict[str, ToolOutcome] = {}

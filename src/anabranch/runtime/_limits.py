@@ -141,7 +141,7 @@ class ChannelLimits:
 
     def prepared(self, run: ContextView) -> bool:
         """Whether ``prepare(run)`` has nothing left to do (so it would not await)."""
-        channel = channel_of(run)
+        channel = run.channel  # (``channel_of``: asked before every call)
         if channel is None:
             return True
         if (run.agent.model, channel) not in self._loaded:

@@ -303,7 +303,7 @@ class SessionLimits:
         cost = self.prices.cost_usd(model, usage)
         if cost is None:
             cost = 0.0
-        state = self._state(run.id)
+        state = self._runs.get(run.id) or self._state(run.id)  # (the run's, once attached)
         own, total, last = state.own, self.total, state.last_call
         own.tokens += tokens
         own.cost_usd += cost
@@ -439,7 +439,8 @@ class SessionLimits:
         self, run: LimitedRun, stop: LimitStop | None, scopes: list[BudgetScope]
     ) -> TurnNotes:
         """The stop (``stop``, else a budget's) or the soft-limit notes (each warns once)."""
-        stop = stop or self._budget_stop(run, scopes)
+        if stop is None and scopes:  # (no budget applies: none can stop it)
+            stop = self._budget_stop(run, scopes)
         if stop is not None:
             return TurnNotes(stop=stop, notice=run.agent.on_limit == "report")
         if not scopes:  # no budget applies (most sessions): nothing to warn about
