@@ -16,12 +16,14 @@ from pathlib import Path
 import pytest
 
 from anabranch import Agent, ContextPolicy, Runtime, tool
-from anabranch.messages import Block, ModelRequest, TextBlock
+from anabranch.messages import Block, Message, ModelRequest, TextBlock
 from anabranch.runtime._cache_watch import _OkCall
 from anabranch.runtime._context_view import ContextChange, ContextView
 from anabranch.runtime._loop import AgentRun
+from anabranch.runtime._model_calls import ModelCalls
 from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.runtime._run_limits import NO_NOTES, Spend, TurnNotes, _Driving
+from anabranch.runtime._tool_calls import ToolCalls
 from anabranch.store import MessageRecord, SnapshotRecord
 from anabranch.testing import FunctionModel
 from anabranch.traces._current import CurrentSpan
@@ -72,6 +74,16 @@ def _held_by_the_loop() -> dict[str, object]:
         # the run's and the call's spans are held as the span and its token: no
         # ``CurrentSpan`` and bound ``__exit__`` (of it, or of the limits' ``driving``)
         "span_holders": sum(1 for o in objects if isinstance(o, CurrentSpan | _Driving)),
+        # the previous response's record (its message, calls, marked ids): not kept by
+        # the loop once its tool turn ran
+        "response_records": sum(
+            1
+            for o in objects
+            if type(o) is tuple
+            and len(o) == 3
+            and isinstance(o[0], Message)
+            and isinstance(o[2], frozenset)
+        ),
         # the drive's start rows are committed: not kept while the run is driven
         "start_rows": sum(1 for o in objects if isinstance(o, SnapshotRecord | MessageRecord)),
         "notes": [o for o in objects if isinstance(o, TurnNotes) and o is not NO_NOTES],
@@ -107,6 +119,7 @@ async def test_a_model_call_in_flight_holds_no_wrapper_or_record_of_its_own(
         assert held["partials"] == 0
         assert held["ok_calls"] == 0  # the previous call is kept as its row and response
         assert held["span_holders"] == 0 and held["start_rows"] == 0, held
+        assert held["response_records"] == 0, held
         assert held["notes"] == []  # a tool turn without notes carries the shared value
     # the spend ledger is updated in place: the same records at every call
     assert all(held["spends"] == seen[0]["spends"] for held in seen)
@@ -194,3 +207,20 @@ async def test_a_pipeline_that_does_not_say_gets_a_background_task_group(tmp_pat
         result = await rt.run(agent, "go")
     assert result.status == "done"
     assert pipeline.background_seen == [True]
+
+
+def test_the_loops_waiting_coroutines_make_no_cells() -> None:
+    # a name a nested function or (before Python 3.12) a comprehension reads is a cell,
+    # made at each call: in a coroutine that waits (for the model, a tool, a commit) it
+    # lives as long as that wait
+    waiting = [
+        AgentRun.drive,
+        AgentRun._loop,
+        ModelCalls.take_turn,
+        ModelCalls.request_once,
+        ModelCalls._commit_response,
+        ToolCalls.run_tools,
+        ToolCalls._run_one,
+        ToolCalls._run_tool,
+    ]
+    assert {f.__qualname__: f.__code__.co_cellvars for f in waiting if f.__code__.co_cellvars} == {}

@@ -467,8 +467,10 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
             if last.role == "assistant":
                 fresh = self._fresh_tools  # (``tool_uses`` builds a list per read)
                 uses = fresh[1] if fresh is not None and fresh[0] is last else last.tool_uses
+                del fresh  # (the response's record: not held while the next call waits)
                 if uses:
                     notes = await self.run_tools(uses)  # and commits their turn
+                    del uses  # (nor its list of calls)
                     if notes.stop is not None:
                         return await self._end_at_limit(notes.stop)
                     limits_checked = True

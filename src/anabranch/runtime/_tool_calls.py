@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Container, Coroutine, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +71,17 @@ for every run, not one per turn)."""
 IngestNow = Callable[[ContextView, ToolUseBlock, ToolOutcome], Ingested]
 NextCall = tuple[ModelRequest, CallRecord]
 """The next model call's request and its call row, built before the row is committed."""
+
+
+def _unfinished(uses: Sequence[ToolUseBlock], finished: Container[str]) -> list[ToolUseBlock]:
+    """The calls of ``uses`` without a finished event. (Out of ``run_tools``: a
+    comprehension there would make each name it reads a cell of every turn's coroutine.)"""
+    return [use for use in uses if use.id not in finished]
+
+
+def _not_held(todo: Sequence[ToolUseBlock], gate: ApprovalGate) -> list[ToolUseBlock]:
+    """The calls of ``todo`` the approval gate neither denied nor holds."""
+    return [use for use in todo if not gate.held(use)]
 
 
 class _Turn:
@@ -208,11 +219,11 @@ class ToolCalls:
                 for call_id, e in finished.items()
             }
         self.fresh_calls = marked
-        todo = [use for use in uses if use.id not in finished] if finished else uses
+        todo = _unfinished(uses, finished) if finished else uses
         gate = await gate_calls(self.as_view(), todo, events)
         if gate.denied or gate.waiting:
             outcomes.update(gate.denied)
-            todo = [use for use in todo if not gate.held(use)]
+            todo = _not_held(todo, gate)
 
         limits = self.limits
         deadline = limits.deadline(self.id)
