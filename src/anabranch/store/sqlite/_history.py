@@ -26,6 +26,11 @@ from anabranch.store.sqlite._blobs import dehydrate
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._rows import (
     CALL_SQL,
+    INSERT_CALL,
+    INSERT_MESSAGE,
+    INSERT_OUTCOME,
+    INSERT_RUN_END,
+    INSERT_TOOL_EVENT,
     call_record,
     call_values,
     fetch_rows,
@@ -75,16 +80,16 @@ def _begin_call(
     tuple, a cell per name and a list per group of rows (empty or not), all of which the
     young collections walk while the batch waits for the writer thread."""
     if event is not None:
-        insert(conn, "tool_events", event)
+        INSERT_TOOL_EVENT(conn, event)
     _spills_and_messages(spills, messages, conn)
-    return insert(conn, "calls", call)
+    return INSERT_CALL(conn, call)
 
 
 def _tool_event(
     event: Row, spills: tuple[Row, ...], messages: tuple[Row, ...], conn: sqlite3.Connection
 ) -> None:
     """``record_tool_event``'s write: the event, then spills and messages."""
-    insert(conn, "tool_events", event)
+    INSERT_TOOL_EVENT(conn, event)
     _spills_and_messages(spills, messages, conn)
 
 
@@ -94,7 +99,7 @@ def _spills_and_messages(
     for spill in spills:
         conn.execute(_SAVE_SPILL, dehydrate(conn, "spills", spill))
     for value in messages:
-        insert(conn, "messages", value)
+        INSERT_MESSAGE(conn, value)
 
 
 def _finish_call(
@@ -107,12 +112,12 @@ def _finish_call(
     """``finish_call``'s write: the answer, its outcome, its tools' ``started`` events and
     (for an answer that ends its run) the run's end."""
     if message is not None:
-        insert(conn, "messages", message)
-    insert(conn, "call_outcomes", outcome)
+        INSERT_MESSAGE(conn, message)
+    INSERT_OUTCOME(conn, outcome)
     for event in events:
-        insert(conn, "tool_events", event)
+        INSERT_TOOL_EVENT(conn, event)
     if end is not None:
-        insert(conn, "run_ends", end)
+        INSERT_RUN_END(conn, end)
 
 
 class SQLiteHistory:
@@ -161,8 +166,8 @@ class SQLiteHistory:
             partial(
                 _begin_call,
                 event,
-                tuple(spill_row(s) for s in spills),
-                tuple(message_row(m) for m in messages),
+                tuple(map(spill_row, spills)) if spills else (),
+                tuple(map(message_row, messages)) if messages else (),
                 call_values(call),
             )
         )
@@ -205,7 +210,7 @@ class SQLiteHistory:
                 _finish_call,
                 message_row(message) if message else None,
                 outcome,
-                tuple(tool_event_row(e) for e in tool_events),
+                tuple(map(tool_event_row, tool_events)) if tool_events else (),
                 end,
             )
         )
@@ -363,8 +368,8 @@ class SQLiteHistory:
             partial(
                 _tool_event,
                 tool_event_row(event),
-                tuple(spill_row(s) for s in spills),
-                tuple(message_row(m) for m in messages),
+                tuple(map(spill_row, spills)) if spills else (),
+                tuple(map(message_row, messages)) if messages else (),
             )
         )
 

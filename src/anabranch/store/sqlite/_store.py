@@ -41,6 +41,8 @@ from anabranch.store.sqlite._open import (
     open_read_only,
 )
 from anabranch.store.sqlite._rows import (
+    INSERT_CALL,
+    INSERT_MESSAGE,
     RUN_SQL,
     SESSION_SQL,
     call_values,
@@ -342,10 +344,10 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
             if snapshot_values:
                 insert(conn, "snapshots", snapshot_values)
             for value in message_values:
-                insert(conn, "messages", value)
+                INSERT_MESSAGE(conn, value)
             if span_values is not None:
                 insert(conn, "run_spans", span_values)
-            return insert(conn, "calls", call_row) if call_row is not None else 0
+            return INSERT_CALL(conn, call_row) if call_row is not None else 0
 
         return await self._sql.write(write)
 
