@@ -76,6 +76,8 @@ def test_message_json_with_committed_results_is_the_reference_form() -> None:
         (first, second, pictured),  # every block as committed
         (first, equal),
         (first, changed),  # one as committed, one changed on the way in
+        (changed, first),  # the changed one first
+        (first, ToolResultBlock(tool_use_id="call_9", content="not committed")),
         (changed, TextBlock(text="note")),  # none as committed
         (first, TextBlock(text="limits: 3 turns left")),
         (),

@@ -449,8 +449,7 @@ class ModelRequest(_Frozen):
         and a growing conversation hashes only what is new: the cost stays flat in its
         length instead of re-serializing the whole history on every call."""
         digest = _prompt_hash(self.system, self.tools).copy()
-        digest.update(self._head_json().encode())
-        digest.update(_messages_hash(self.messages))
+        digest.update(self._head_json().encode() + _messages_hash(self.messages))
         return digest.hexdigest()
 
     def _head_json(self) -> str:

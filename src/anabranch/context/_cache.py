@@ -84,14 +84,15 @@ def _lookback_anchor(messages: Sequence[Message]) -> int | None:
     the entry the previous call wrote, so a breakpoint goes back on it. Looks at the
     messages after that point only (usually two), however long the context is.
     """
-    last_assistant = len(messages) - 1
+    count = len(messages)
+    last_assistant = count - 1
     while last_assistant > 0 and messages[last_assistant].role != "assistant":
         last_assistant -= 1
     if last_assistant <= 0:
         return None
     anchor = last_assistant - 1
     distance = 0
-    for index in range(last_assistant, len(messages)):
+    for index in range(last_assistant, count):
         distance += len(messages[index].content)
     if distance < LOOKBACK_BLOCKS or not _cacheable(messages[anchor]):
         return None
@@ -145,11 +146,13 @@ def breakpoints(
     # lookback anchor, the tool list; the first four of them (so only the tools can miss)
     rolling = len(messages) - 1 if messages and _cacheable(messages[-1]) else None
     anchor = _lookback_anchor(messages)
-    taken = (rolling is not None) + min(len(system), 2) + (anchor is not None)
+    last_system = len(system) - 1
+    system_marks = 2 if last_system > 0 else last_system + 1  # min(len(system), 2)
+    taken = (rolling is not None) + system_marks + (anchor is not None)
     head_ttl = prefix_ttl or ttl
     tool_at = (len(tools) - 1,) if tools and taken < MAX_BREAKPOINTS else ()
     new_tools = _marked(tools, tool_at, head_ttl)
-    new_system = _marked(system, (0, len(system) - 1), head_ttl)
+    new_system = _marked(system, (0, last_system), head_ttl)
     messages_ttl = "5m" if head_ttl == "5m" else ttl  # ``message_ttl``, written out
     marks: tuple[tuple[int, CacheTTL], ...]
     if anchor is None:  # the anchor always comes before the rolling one

@@ -117,6 +117,16 @@ def message_json(message: Message, committed: Committed | None = None) -> str:
     Without one, the message's own encoding (computed once per message object)."""
     if not committed:
         return message_content_json(message)
+    refs: list[str] = []
+    for block in message.content:  # the usual turn: every block a result as committed
+        if type(block) is not ToolResultBlock:
+            break
+        found = committed.get(block.tool_use_id)
+        if found is not block and (found is None or found != block):
+            break
+        refs.append(_ref_json(block.tool_use_id))
+    else:
+        return "[" + ",".join(refs) + "]" if refs else message_content_json(message)
     results = [_as_committed(block, committed) for block in message.content]
     if not any(results):
         return message_content_json(message)
