@@ -113,3 +113,30 @@ def test_any_block_and_other_content_are_the_validated_ones() -> None:
     use = ToolUseBlock(id="toolu_1", name="note", input={"text": "x"})
     for content in [(use,), [TextBlock(text="a list")], ()]:
         _same(user_message(content), Message(role="user", content=content))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ["plain ascii", "café ✓ 日本", "lone \udc80 surrogate", ""])
+def test_a_task_message_is_the_validated_one_and_shares_its_fields_sets(text: str) -> None:
+    built = Message.user(text)
+    validated = Message(role="user", content=(TextBlock(text=text),))
+    _same(built, validated)
+    _same(built.content[0], validated.content[0])
+    assert message_digest(built) == message_digest(validated)
+    # a run's task lives as long as the run: no fields set of its own for either model
+    other = Message.user("another task")
+    assert built.model_fields_set is other.model_fields_set
+    assert built.content[0].model_fields_set is other.content[0].model_fields_set
+    copied = built.content[0].model_copy(update={"type": "text"})
+    assert copied.model_fields_set == {"type", "text"}
+    assert built.content[0].model_fields_set == {"text"}  # the shared set is not changed
+
+
+def test_a_task_message_of_a_subclass_or_a_str_subclass_is_validated() -> None:
+    class Turn(Message):
+        pass
+
+    assert type(Turn.user("x")) is Turn
+    assert Turn.user("x").model_fields_set is not Message.user("x").model_fields_set
+    validated = Message.user(_Text("a str subclass"))
+    assert type(validated.text) is str  # (validation's conversion)
+    assert validated.model_fields_set is not Message.user("x").model_fields_set

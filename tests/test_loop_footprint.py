@@ -18,10 +18,12 @@ import pytest
 from anabranch import Agent, ContextPolicy, Runtime, tool
 from anabranch.messages import Block, Message, ModelRequest, TextBlock
 from anabranch.runtime._cache_watch import _OkCall
+from anabranch.runtime._compactor import CompactingPipeline
 from anabranch.runtime._context_view import ContextChange, ContextView
 from anabranch.runtime._loop import AgentRun
 from anabranch.runtime._model_calls import ModelCalls
 from anabranch.runtime._pipeline import PassThroughPipeline
+from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import NO_NOTES, Spend, TurnNotes, _Driving
 from anabranch.runtime._tool_calls import ToolCalls
 from anabranch.store import MessageRecord, SnapshotRecord
@@ -59,6 +61,13 @@ def _held_by_the_loop() -> dict[str, object]:
         for o in objects
         if isinstance(o, types.MethodType) and isinstance(o.__self__, AgentRun)
     )
+    # what the run asks of its pipeline and events, called as functions: none bound per run
+    helper_methods = sorted(
+        o.__func__.__name__
+        for o in objects
+        if isinstance(o, types.MethodType)
+        and isinstance(o.__self__, CompactingPipeline | RunEvents)
+    )
     partials = [
         o
         for o in objects
@@ -69,6 +78,7 @@ def _held_by_the_loop() -> dict[str, object]:
     return {
         "coroutines": model_call_coroutines,
         "run_methods": run_methods,
+        "helper_methods": helper_methods,
         "partials": len(partials),
         "ok_calls": sum(1 for o in objects if isinstance(o, _OkCall)),
         # the run's and the call's spans are held as the span and its token: no
@@ -116,6 +126,7 @@ async def test_a_model_call_in_flight_holds_no_wrapper_or_record_of_its_own(
         # attempt's row commit), no bound method of the run passed down as the attempt
         assert held["coroutines"] == ["ModelCalls.request_once", "ModelCalls.take_turn"], held
         assert held["run_methods"] == [], held
+        assert held["helper_methods"] == [], held
         assert held["partials"] == 0
         assert held["ok_calls"] == 0  # the previous call is kept as its row and response
         assert held["span_holders"] == 0 and held["start_rows"] == 0, held

@@ -7,6 +7,7 @@ overrides ``before_call`` alone must see every call."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -58,6 +59,30 @@ def test_a_twin_counts_only_from_the_class_that_defines_both() -> None:
     assert plain_twin(_OwnIngest(), "ingest", "ingest_now") is None
     assert plain_twin(_Quiet(), "before_call", "quiet_before_call") is not None
     assert plain_twin(object(), "before_call", "quiet_before_call") is None
+
+
+class _StaticQuiet(PassThroughPipeline):
+    async def before_call(self, run: ContextView) -> ContextChange | None:
+        return None
+
+    @staticmethod
+    def quiet_before_call(run: ContextView) -> bool:
+        return False
+
+
+def test_a_twin_is_called_with_its_pipeline_as_getattr_finds_it() -> None:
+    # the class's own function (one for every run, no bound method per run) ...
+    twin = plain_twin(_Quiet(), "before_call", "quiet_before_call")
+    assert twin is _Quiet.quiet_before_call
+    view: Any = object()
+    assert twin(_Quiet(), view) is True
+    # ... or, for any other kind of attribute, what ``getattr`` on the pipeline finds
+    static = plain_twin(_StaticQuiet(), "before_call", "quiet_before_call")
+    assert static is not None and static(_StaticQuiet(), view) is False
+    own = _Quiet()
+    own.quiet_before_call = lambda run: False  # type: ignore[method-assign]
+    shadowed = plain_twin(own, "before_call", "quiet_before_call")
+    assert shadowed is not None and shadowed(own, view) is False
 
 
 def _steps(count: int) -> FunctionModel:

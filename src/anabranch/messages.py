@@ -141,6 +141,8 @@ class Message(_Frozen):
 
     @classmethod
     def user(cls, text: str) -> Message:
+        if cls is Message and type(text) is str:
+            return _user_text(text)
         return cls(role="user", content=(TextBlock(text=text),))
 
     @property
@@ -193,6 +195,31 @@ class Message(_Frozen):
 
 
 MessageList = TypeAdapter(list[Message])
+
+_TEXT_FIELDS = {"text"}
+_USER_FIELDS = {"role", "content"}
+"""The fields set of ``Message.user``'s two models (shared: pydantic copies it for a
+``model_copy``, and a frozen model never updates its own)."""
+
+
+def _user_text(text: str) -> Message:
+    """``Message(role="user", content=(TextBlock(text=text),))`` as validation builds it
+    (the text through ``valid_text``, as ``ValidText`` does; the same fields set), equal
+    in every way (``==``, JSON, ``repr``, hash). A run's task lives as long as the run:
+    validation would give each of its two models a fields set of its own."""
+    block = TextBlock.__new__(TextBlock)
+    setattr_ = object.__setattr__
+    setattr_(block, "__dict__", {"type": "text", "text": valid_text(text)})
+    setattr_(block, "__pydantic_fields_set__", _TEXT_FIELDS)
+    setattr_(block, "__pydantic_extra__", None)
+    setattr_(block, "__pydantic_private__", None)
+    message = Message.__new__(Message)
+    setattr_(message, "__dict__", {"role": "user", "content": (block,)})
+    setattr_(message, "__pydantic_fields_set__", _USER_FIELDS)
+    setattr_(message, "__pydantic_extra__", None)
+    setattr_(message, "__pydantic_private__", None)
+    return message
+
 
 # What is derived from a message (its canonical JSON, its digest) is kept in the message's
 # own ``__dict__``, next to the very ``content`` (and ``role``) it was computed from: no

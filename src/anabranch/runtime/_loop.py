@@ -121,7 +121,6 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
         """The latest tool calls' results as their finished events hold them (a message
         block equal to one is stored as a reference to its event)."""
         self.events = RunEvents(self, env.events)
-        self._on_retry = self.events.retry_scheduled
         self.cache_watch = CacheWatch()
         self.stop: LimitStop | None = None
         """The limit that ended this run with a final report, if one did."""

@@ -50,8 +50,6 @@ __all__ = ["ModelCalls"]
 
 T = TypeVar("T")
 
-RetryNotice = Callable[[ModelError, float, int], None]
-
 _CALL_ID = attrgetter("call_id")
 
 
@@ -78,10 +76,9 @@ class ModelCalls:
     """A run started here: its calls' usage, summed (see ``AgentRun``)."""
     served_model: str | None
     _fresh_tools: tuple[Message, list[ToolUseBlock], frozenset[str]] | None
-    _quiet_call: Callable[[ContextView], bool] | None
-    """The pipeline's ``quiet_before_call`` (``plain_twin``), found once per run."""
-    _on_retry: RetryNotice
-    """``events.retry_scheduled``, bound once per run (not once per call)."""
+    _quiet_call: Callable[[object, ContextView], bool] | None
+    """The pipeline's ``quiet_before_call`` (``plain_twin``: called with the pipeline),
+    found once per run."""
     stop: LimitStop | None
     ended_with_answer: bool = False
     """The latest answer's call committed the run's end (``done``, its text as output)."""
@@ -141,7 +138,7 @@ class ModelCalls:
                 delay = policy.retry_delay(attempt, error)
                 if delay is None:
                     raise
-                self._on_retry(error, delay, attempt)
+                self.events.retry_scheduled(error, delay, attempt)
             await anyio.sleep(delay)
         self.context.append(response.to_message())
         self.turns += 1
@@ -156,7 +153,7 @@ class ModelCalls:
         quiet = self._quiet_call
         if quiet is None or not self.agent.context.system_prompt_snapshot:
             return None
-        if not quiet(self.context_view()):
+        if not quiet(self.env.pipeline, self.context_view()):
             return None
         request = self.build_request()
         return request, self._call_row(request, 1)
@@ -276,7 +273,7 @@ class ModelCalls:
     def with_retries(self, attempt: Callable[[int], Awaitable[T]]) -> Awaitable[T]:
         """``attempt(n)`` retried under the session's retry policy; each retry is traced
         and announced as an event. (The retry loop itself, not a coroutine around it.)"""
-        return retrying(self.env.retry, attempt, on_retry=self._on_retry)
+        return retrying(self.env.retry, attempt, on_retry=self.events.retry_scheduled)
 
     async def _commit_response(
         self,

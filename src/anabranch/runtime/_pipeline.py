@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
+from types import FunctionType
 from typing import Any, Protocol
 
 from anabranch.agents import Agent
@@ -92,14 +94,28 @@ def plain_twin(pipeline: object, method: str, twin: str) -> Callable[..., Any] |
     """``pipeline``'s ``twin`` (a plain function standing for its async ``method``:
     ``ingest_now``, ``quiet_before_call``), if the class that last defines either defines
     both: a subclass that overrides ``method`` alone does not inherit a twin that no
-    longer speaks for it."""
+    longer speaks for it.
+
+    Called with the pipeline first (``twin(pipeline, *arguments)``): the class's own
+    function, one object for every run of every session (a bound method would be one
+    per run, kept as long as the run)."""
     cls = type(pipeline)
     paired = _PAIRED.get((cls, twin))
     if paired is None:
         owner = next((k for k in cls.__mro__ if method in vars(k) or twin in vars(k)), None)
         paired = owner is not None and method in vars(owner) and twin in vars(owner)
         _PAIRED[(cls, twin)] = paired
-    return getattr(pipeline, twin) if paired else None
+    if not paired:
+        return None
+    function = next(vars(k)[twin] for k in cls.__mro__ if twin in vars(k))
+    if isinstance(function, FunctionType) and twin not in getattr(pipeline, "__dict__", ()):
+        return function
+    return partial(_call_twin, twin)  # (a static method, an instance's own value...)
+
+
+def _call_twin(twin: str, pipeline: object, *arguments: Any) -> Any:
+    """``pipeline``'s ``twin`` called as ``getattr`` finds it."""
+    return getattr(pipeline, twin)(*arguments)
 
 
 def spill_over_limit(run: ContextView, call: ToolUseBlock, outcome: ToolOutcome) -> Ingested:

@@ -131,7 +131,9 @@ class _RunState:
     """Soft deadline (``anyio.current_time()`` clock) of the current drive: its own, or
     earlier when its parent must be done sooner."""
     own_deadline: float = math.inf
-    warned: set[str] = field(default_factory=set)
+    warned: set[str] | None = None
+    """The budgets that warned this run (made at its first warning: most runs get none,
+    and a run's state lives as long as its session)."""
     driving: bool = False
 
 
@@ -451,7 +453,12 @@ class SessionLimits:
             share = scope.share()
             if share < scope.budget.soft or scope.budget.soft >= 1.0:
                 continue
-            warned = self._session_warned if scope.name == "session" else state.warned
+            if scope.name == "session":
+                warned = self._session_warned
+            elif state.warned is None:
+                warned = state.warned = set()
+            else:
+                warned = state.warned
             if scope.name in warned:
                 continue
             warned.add(scope.name)

@@ -68,7 +68,8 @@ NOTHING_FRESH: frozenset[str] = frozenset()
 """No call ids: ``fresh_calls`` outside a tool turn, a fresh turn's ``started`` (one object
 for every run, not one per turn)."""
 
-IngestNow = Callable[[ContextView, ToolUseBlock, ToolOutcome], Ingested]
+IngestNow = Callable[[object, ContextView, ToolUseBlock, ToolOutcome], Ingested]
+"""A pipeline's ``ingest_now``, called with the pipeline first (``plain_twin``)."""
 NextCall = tuple[ModelRequest, CallRecord]
 """The next model call's request and its call row, built before the row is committed."""
 
@@ -402,7 +403,7 @@ class ToolCalls:
         self._hold_committed(turn.uses, outcomes)
         results, spills, now = [], [], time.time()
         for each in turn.uses:
-            ingested = ingest_now(self.context_view(), each, outcomes[each.id])
+            ingested = ingest_now(self.env.pipeline, self.context_view(), each, outcomes[each.id])
             for s in ingested.spills:
                 spills.append(SpillRecord(s.handle, self.id, s.call_id, s.content, now))
             results.append(self._entering(each, outcomes[each.id], ingested.outcome))
