@@ -341,7 +341,8 @@ class SQLiteHistory:
         else:
             sql += "c.run_id IN (SELECT id FROM runs WHERE session_id = ?)"
             params = (session_id,)
-        row = await self._sql.read(lambda conn: conn.execute(sql, params).fetchone())
+        # a small session's sum on the loop's thread, a long one's on the worker thread
+        row = await self._sql.bounded_lookup(lambda conn: conn.execute(sql, params).fetchone())
         return {key: int(value) for key, value in zip(keys, row, strict=True)}
 
     async def session_calls(self, session_id: str) -> list[CallRecord]:
