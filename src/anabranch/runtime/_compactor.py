@@ -180,8 +180,8 @@ class CompactingPipeline:
 
     def model_switch(self, run: ContextView) -> ModelSwitch | None:
         """The run's model changed to one that cannot hold its context (see ``_model_switch``)."""
-        previous = run.served_model
-        if previous is None or same_model(run.agent.model, previous):
+        previous, model = run.served_model, run.agent.model
+        if previous is None or previous == model or same_model(model, previous):
             return None  # (asked before every call: no window or threshold to work out)
         window, threshold, tokens = self.window(run), self.threshold(run), run.context_tokens
         return model_switch(previous, run.agent.model, tokens, threshold, window)

@@ -320,13 +320,16 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
     ) -> ModelRequest:
         """The exact request for the current context (or ``context``), cache breakpoints
         placed (<= 4)."""
+        if context is None:
+            floor = self.thinking_floor  # (none produced under an earlier prefix: as it is)
+            context = self.context if floor <= 0 else request_messages(
+                self.agent.model, self.context, floor
+            )
         return run_request(
             self.agent,
             self.system,
             self.tools,
-            request_messages(self.agent.model, self.context, self.thinking_floor)
-            if context is None
-            else context,
+            context,
             last_response_id=self.last_response_id,
             tool_choice=tool_choice,
             max_tokens=max_tokens,
