@@ -26,7 +26,7 @@ from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.runtime._run_events import RunEvents
 from anabranch.runtime._run_limits import NO_NOTES, Spend, TurnNotes, _Driving
 from anabranch.runtime._tool_calls import ToolCalls
-from anabranch.store import MessageRecord, SnapshotRecord
+from anabranch.store import CallRecord, MessageRecord, SnapshotRecord
 from anabranch.testing import FunctionModel
 from anabranch.traces._current import CurrentSpan
 
@@ -81,6 +81,8 @@ def _held_by_the_loop() -> dict[str, object]:
         "helper_methods": helper_methods,
         "partials": len(partials),
         "ok_calls": sum(1 for o in objects if isinstance(o, _OkCall)),
+        # the call's own row; the previous call's is not kept (its values are)
+        "call_rows": sum(1 for o in objects if isinstance(o, CallRecord)),
         # the run's and the call's spans are held as the span and its token: no
         # ``CurrentSpan`` and bound ``__exit__`` (of it, or of the limits' ``driving``)
         "span_holders": sum(1 for o in objects if isinstance(o, CurrentSpan | _Driving)),
@@ -128,7 +130,8 @@ async def test_a_model_call_in_flight_holds_no_wrapper_or_record_of_its_own(
         assert held["run_methods"] == [], held
         assert held["helper_methods"] == [], held
         assert held["partials"] == 0
-        assert held["ok_calls"] == 0  # the previous call is kept as its row and response
+        assert held["ok_calls"] == 0  # the previous call is kept as values
+        assert held["call_rows"] == 1, held
         assert held["span_holders"] == 0 and held["start_rows"] == 0, held
         assert held["response_records"] == 0, held
         assert held["notes"] == []  # a tool turn without notes carries the shared value

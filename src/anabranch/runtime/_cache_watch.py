@@ -121,12 +121,17 @@ class CacheWatch:
     def __init__(self) -> None:
         self._known = False
         """Whether the previous call is known (only after a call made by this run object)."""
-        self._call: CallRecord | None = None
         self._call_id = 0
-        self._response: ModelResponse | None = None
-        """The latest successful call made here: its committed row, id and response, kept
-        as they are (they live anyway); what a check compares is built only for the check,
-        so no record per call outlives it."""
+        self._model: str | None = None
+        self._created = 0.0
+        self._usage: Usage | None = None
+        self._snapshot_version: int | None = None
+        self._compactions = 0
+        self._settings = ""
+        """The latest successful call made here: what a check compares of it, kept as
+        values (not its row and response: nothing else keeps those once its answer is
+        committed, and a run lives far longer than the cyclic GC's young generations);
+        the record a check compares is built only for the check."""
 
     def after_call(
         self, run: RunView, call_id: int, call: CallRecord, response: ModelResponse
@@ -136,17 +141,30 @@ class CacheWatch:
 
         ``None``: there is none, known without an await (the usual answer: no coroutine
         per model call); else the check, to be awaited at once, returning the break if any."""
-        known, last, last_id, last_response = self._known, self._call, self._call_id, self._response
-        self._known, self._call, self._call_id, self._response = True, call, call_id, response
-        if not run.agent.context.cache_breakpoints:
+        checks = run.agent.context.cache_breakpoints
+        known, last_usage = self._known, self._usage
+        previous = None
+        if checks and known and last_usage is not None:
+            if response.usage.cache_read_input_tokens < expected_cache_read(last_usage):
+                previous = _OkCall(  # a break (``_check``'s first test, on the same counts)
+                    id=self._call_id,
+                    model=self._model,
+                    created=self._created,
+                    usage=last_usage,
+                    snapshot_version=self._snapshot_version,
+                    compactions=self._compactions,
+                    settings=self._settings,
+                )
+        self._known, self._call_id, self._model = True, call_id, response.model
+        self._created, self._usage = call.created, response.usage
+        self._snapshot_version, self._compactions = call.snapshot_version, call.compactions or 0
+        self._settings = call.settings or ""
+        if not checks:
             return None
         if not known:  # a run's ok calls are its turns 1..n: none is before the first turn
             return None if call.turn == 1 else _check_stored(run, call_id, call, response)
-        if last is None or last_response is None:
-            return None
-        if response.usage.cache_read_input_tokens >= expected_cache_read(last_response.usage):
-            return None  # no break (``_check``'s first test, on the same counts): nothing built
-        previous = _OkCall.answered(last_id, last, last_response)
+        if previous is None:
+            return None  # no break: nothing built
         return _check(run, _OkCall.answered(call_id, call, response), previous, response)
 
 
