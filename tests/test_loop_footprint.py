@@ -238,3 +238,24 @@ def test_the_loops_waiting_coroutines_make_no_cells() -> None:
         ToolCalls._run_tool,
     ]
     assert {f.__qualname__: f.__code__.co_cellvars for f in waiting if f.__code__.co_cellvars} == {}
+
+
+async def test_a_running_tool_holds_no_span_object_of_its_own(tmp_path: Path) -> None:
+    # a tool may wait long (``spawn_agent`` waits for a whole sub-agent run): its span is
+    # held as the span and its token, not a ``CurrentSpan`` and a bound ``__exit__``
+    seen: list[int] = []
+
+    @tool
+    async def probe() -> str:
+        """Look at what is alive."""
+        gc.collect()
+        seen.append(sum(1 for o in gc.get_objects() if isinstance(o, CurrentSpan)))
+        return "looked"
+
+    async def respond(request: ModelRequest) -> list[Block]:
+        return [TextBlock(text="done")] if seen else [call("probe")]
+
+    agent = Agent(name="worker", model="test-model", instructions="Work.", tools=[probe])
+    async with Runtime(db=tmp_path / "r.db", model=FunctionModel(respond)) as rt:
+        result = await rt.run(agent, "go")
+    assert result.status == "done" and seen == [0]

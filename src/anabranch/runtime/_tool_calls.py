@@ -56,6 +56,7 @@ from anabranch.store import (
     SpillRecord,
     ToolEventRecord,
 )
+from anabranch.traces import close_span
 
 __all__ = ["INTERRUPTED_REPORT", "ToolCalls"]
 
@@ -511,13 +512,16 @@ class ToolCalls:
                         created=time.time(),
                     )
                 )
-            with self.env.tracing.tool_call(
+            # the span held as two values, not a ``with``: a tool that waits long (a
+            # sub-agent's whole run) would keep its object and bound ``__exit__`` as long
+            span, token = self.env.tracing.tool_call(
                 tool=use.name,
                 call_id=use.id,
                 session_id=self.env.session_id,
                 description=tool.description if tool else "",
                 arguments=use.input,
-            ) as span:
+            ).open()
+            try:
                 if tool is not None:
                     scope_type = self._scope_type
                     if scope_type is None:  # anyio finds the event loop's on every call
@@ -537,4 +541,8 @@ class ToolCalls:
                 self.env.tracing.tool_result(
                     span, outcome.content, outcome.is_error, outcome.attachments
                 )
+            except BaseException as leaving:  # what the ``with`` statement's exit did
+                close_span(span, token, leaving)
+                raise
+            close_span(span, token, None)
         return outcome
