@@ -96,3 +96,20 @@ def test_goals_judge_issue_12s_targets_at_n_500_and_1000_runs() -> None:
     results["concurrency"] = {"counts": {"1000": concurrency_at(0.49)}}
     judged = {g["goal"]: g for g in goals(results)}
     assert judged["1,000 concurrent runs: CPU ms per model call"]["met"] is True
+
+
+def test_call_cpu_counts_what_a_model_call_does_and_puts_the_engine_back() -> None:
+    """``python -m bench.call_cpu counts`` (issue 12's counted figures) still finds the
+    parts it wraps, counts them per model call, and leaves them as they were."""
+    from bench import call_cpu
+
+    from anabranch.store._group_commit import GroupCommit
+
+    submit = GroupCommit.submit
+    figures = call_cpu.counts(tracing=True, runs=9)
+    assert figures["all_complete"] is True
+    assert figures["submits"] >= 1  # every model call's answer is committed
+    assert figures["commits"] > 0 and figures["writes_per_commit"] >= 1
+    assert figures["handles"] > 0 and figures["loop_iterations"] > 0
+    assert figures["writer_thread_ms"] > 0
+    assert GroupCommit.submit is submit
