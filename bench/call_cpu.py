@@ -11,7 +11,7 @@ JSON object. On a shared host the CPU figure of one trial moves by 25-40% within
 so only these are evidence: ``counts`` and ``calls`` (counted, not timed: the same for the
 same code whatever the load) and ``pairs`` (before and after trials alternated in one run,
 judged by the ratio within each pair). ``pairs`` runs this probe from each checkout's own
-``src`` (each needs a ``.venv``, a symlink to one will do).
+``src`` and ``bench`` (each needs a ``.venv``, a symlink to one will do).
 
 - ``trial``: CPU and GC milliseconds per model call, collections, checks.
 - ``counts``: per model call, store submits, commits and writes per commit, event-loop
@@ -188,7 +188,9 @@ def pairs(before: Path, after: Path, count: int, tracing: bool) -> dict[str, Any
     """Alternated trials of two checkouts, each from its own ``src`` and ``.venv``."""
 
     def one(tree: Path) -> float:
-        command = [str(tree / ".venv" / "bin" / "python"), "-m", "bench.call_cpu", "trial"]
+        # this probe's own file, the tree's engine and bench (a tree from before the probe
+        # existed can be measured too)
+        command = [str(tree / ".venv" / "bin" / "python"), str(Path(__file__).resolve()), "trial"]
         command += ["--tracing", "on" if tracing else "off"]
         env = os.environ | {"PYTHONPATH": f"{tree / 'src'}{os.pathsep}{tree}"}
         done = subprocess.run(
