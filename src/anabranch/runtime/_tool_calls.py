@@ -346,7 +346,7 @@ class ToolCalls:
                     call_id = await commit
                 self._turn_entered(message, next_call, call_id)
                 turn.closed = notes
-            turn.outcomes[use.id] = outcome
+                turn.outcomes[use.id] = outcome  # (a lone commit's is set before it ends)
             if self.env.events.active:
                 self.events.tool_finished(use, outcome)
         except ApprovalPendingError as pending:  # a sub-agent waits: this run pauses too
