@@ -147,13 +147,12 @@ def breakpoints(
     rolling = len(messages) - 1 if messages and _cacheable(messages[-1]) else None
     anchor = _lookback_anchor(messages)
     last_system = len(system) - 1
-    system_marks = 2 if last_system > 0 else last_system + 1  # min(len(system), 2)
-    taken = (rolling is not None) + system_marks + (anchor is not None)
+    taken = (rolling is not None) + min(len(system), 2) + (anchor is not None)
     head_ttl = prefix_ttl or ttl
     tool_at = (len(tools) - 1,) if tools and taken < MAX_BREAKPOINTS else ()
     new_tools = _marked(tools, tool_at, head_ttl)
     new_system = _marked(system, (0, last_system), head_ttl)
-    messages_ttl = "5m" if head_ttl == "5m" else ttl  # ``message_ttl``, written out
+    messages_ttl = message_ttl(ttl, prefix_ttl)  # (the rule the cache watch expects too)
     marks: tuple[tuple[int, CacheTTL], ...]
     if anchor is None:  # the anchor always comes before the rolling one
         marks = () if rolling is None else ((rolling, messages_ttl),)
