@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from anabranch.store._records import CallRecord
-from anabranch.store._rows import message_row, snapshot_row, tool_event_row
+from anabranch.store._rows import call_row, message_row, snapshot_row, tool_event_row
 from anabranch.store.sqlite._blobs import BLOB_COLUMNS, dehydrate, hydrate_rows
 
 __all__ = [
@@ -74,18 +74,8 @@ def hex_text(value: bytes | str) -> str:
 
 def call_values(call: CallRecord) -> dict[str, Any]:
     """A call's row (``call_row``'s, in its order); its fingerprint (a SHA-256 in hex)
-    kept as the 32 bytes it spells. Built here in one dict, not ``call_row``'s copied."""
-    return {
-        "run_id": call.run_id,
-        "turn": call.turn,
-        "attempt": call.attempt,
-        "fingerprint": hex_bytes(call.fingerprint),
-        "message_count": call.message_count,
-        "created": call.created,
-        "snapshot_version": call.snapshot_version,
-        "compactions": call.compactions,
-        "settings": call.settings,
-    }
+    kept as the 32 bytes it spells."""
+    return {**call_row(call), "fingerprint": hex_bytes(call.fingerprint)}
 
 
 def call_record(row: dict[str, Any]) -> CallRecord:
