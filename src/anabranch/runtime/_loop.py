@@ -375,7 +375,7 @@ class AgentRun(ModelCalls, ToolCalls, RunContext):
             try:
                 # registered, and active while driven (a flag set and reset here: no
                 # context manager object and bound ``__exit__`` for the run's life)
-                state = limits.attach(self)
+                state = await limits.enter(self)
                 state.driving = True
                 try:
                     if self.agent.on_limit == "fail" and self.agent.timeout is not None:

@@ -95,6 +95,8 @@ REPORT_GRACE = 60.0
 CHILD_TIME_SHARE = 0.9
 """A child must be done within this share of its parent's remaining time."""
 
+USAGE_KEYS = tuple(Usage.model_fields)
+
 NOT_RUN = "Not run: the run reached {detail} before this tool call could finish."
 
 
@@ -186,24 +188,58 @@ class SessionLimits:
         self._session_warned: set[str] = set()
         self._agent_budgets = False
         """Whether some run of the session has a budget of its own (``attach``)."""
+        self._unread: tuple[Store, str] | None = None
+        """The store of a resumed session whose earlier spend is not read yet."""
+        self._reading: anyio.Lock | None = None
 
     # ------------------------------------------------------------------ ledger
     async def load(self, store: Store, session_id: str) -> None:
-        """Spend already recorded for the session (a resumed session): every successful
-        call and every summarizer call, per run."""
+        """A resumed session's runs, and (see ``read_spend``) its spend so far: read now if
+        the session has a budget, else when a run with a budget of its own is entered."""
         runs = await store.list_runs(session_id)
         for record in runs:
             self._state(record.id, record.parent_run_id)
-        for call in await store.session_calls(session_id):
-            if call.status == "ok" and call.usage:
-                usage = Usage.model_validate_json(call.usage)
-                self._record(call.run_id, self.spend_of(call.model or "", usage))
-        for boundary in await store.list_boundaries(session_id=session_id):
-            summarized = summarizer_usage(boundary)
-            if summarized is not None:
-                self._record(boundary.run_id, self.spend_of(boundary.model or "", summarized))
+        self._unread = (store, session_id)
         if self.session is not None:
-            self.session.spent = Spend(self.total.tokens, self.total.cost_usd)
+            await self.read_spend()
+
+    async def read_spend(self) -> None:
+        """Add the spend recorded before this process (``load``) to the ledger, once:
+        every successful call and every summarizer call, per run. A run's calls to one
+        model are priced as one sum of their usage (the price is linear in each key).
+
+        A resumed session without budgets never reads it: nothing would be checked
+        against it (spend is additive, so calls charged before it is read count too)."""
+        if self._reading is None:
+            self._reading = anyio.Lock()
+        async with self._reading:  # runs entered at once wait for the one read
+            if self._unread is None:
+                return
+            store, session_id = self._unread
+            earlier = Spend()
+            # summed in SQL per run and model: a long session costs a row per run, not a
+            # row per call
+            for summed in await store.call_usage_by_run(session_id, USAGE_KEYS):
+                spend = self.spend_of(summed.model or "", Usage(**summed.sums))
+                self._record(summed.run_id, spend)
+                earlier.add(spend)
+            for boundary in await store.list_boundaries(session_id=session_id):
+                summarized = summarizer_usage(boundary)
+                if summarized is not None:
+                    spend = self.spend_of(boundary.model or "", summarized)
+                    self._record(boundary.run_id, spend)
+                    earlier.add(spend)
+            if self.session is not None:
+                self.session.spent.add(earlier)
+            self._unread = None
+
+    async def enter(self, run: LimitedRun) -> _RunState:
+        """``attach``, once the session's earlier spend is read if the run's own budget
+        counts it."""
+        budget = run.agent.budget
+        if self._unread is not None and budget is not None and budget.limited:
+            await self.read_spend()
+        return self.attach(run)
 
     def spend_of(self, model: str, usage: Usage) -> Spend:
         cost = self.prices.cost_usd(model, usage)

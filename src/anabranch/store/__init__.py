@@ -12,6 +12,7 @@ from anabranch.store._open import open_store as open_store
 from anabranch.store._protocol import Store as Store
 from anabranch.store._records import BoundaryRecord as BoundaryRecord
 from anabranch.store._records import CallRecord as CallRecord
+from anabranch.store._records import CallUsageSum as CallUsageSum
 from anabranch.store._records import ContextLimitRecord as ContextLimitRecord
 from anabranch.store._records import HistoryHit as HistoryHit
 from anabranch.store._records import MessageRecord as MessageRecord
@@ -30,6 +31,7 @@ from anabranch.store.sqlite import SQLiteStore as SQLiteStore
 __all__ = [
     "BoundaryRecord",
     "CallRecord",
+    "CallUsageSum",
     "ContextLimitRecord",
     "HistoryHit",
     "MessageRecord",

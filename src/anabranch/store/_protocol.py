@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from anabranch.store._records import (
     BoundaryRecord,
     CallRecord,
+    CallUsageSum,
     ContextLimitRecord,
     HistoryHit,
     MessageRecord,
@@ -198,6 +199,12 @@ class Store(Protocol):
     ) -> dict[str, int]:
         """Sums of integer ``keys`` of the usage JSON of the session's (or run's) successful
         calls, computed in SQL: a long session's usage costs no rows in Python."""
+        ...
+
+    async def call_usage_by_run(self, session_id: str, keys: Sequence[str]) -> list[CallUsageSum]:
+        """Per run and model, sums of integer ``keys`` of the usage JSON of the session's
+        successful calls, computed in SQL (what a resumed session has spent, without a row
+        per call in Python); ordered by run id, then model."""
         ...
 
     async def session_calls(self, session_id: str) -> list[CallRecord]: ...

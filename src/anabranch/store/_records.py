@@ -8,6 +8,7 @@ from typing import Any, Literal, TypeVar
 __all__ = [
     "BoundaryRecord",
     "CallRecord",
+    "CallUsageSum",
     "ContextLimitRecord",
     "HistoryHit",
     "MessageRecord",
@@ -256,6 +257,16 @@ class SpendRecord:
     tokens: int
     cost_usd: float
     created: float
+
+
+@dataclass(frozen=True)
+class CallUsageSum:
+    """The usage of one run's successful calls to one model, summed per usage key."""
+
+    run_id: str
+    model: str | None
+    sums: dict[str, int]
+    """Usage key (``input_tokens``, ...) to its sum over the calls (0 where absent)."""
 
 
 @dataclass(frozen=True)

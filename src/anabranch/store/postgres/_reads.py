@@ -10,6 +10,7 @@ from anabranch.errors import StoreError
 from anabranch.store._records import (
     BoundaryRecord,
     CallRecord,
+    CallUsageSum,
     ContextLimitRecord,
     HistoryHit,
     MessageRecord,
@@ -176,16 +177,7 @@ class Reads:
     ) -> dict[str, int]:
         """Sums of integer ``keys`` of the usage JSON of the session's (or run's) successful
         calls, computed in SQL."""
-        for key in keys:
-            if not key.isidentifier():
-                raise ValueError(f"not a usage key: {key!r}")
-        sums = ", ".join(
-            f"COALESCE(SUM((o.usage::jsonb ->> '{key}')::bigint), 0) AS {key}" for key in keys
-        )
-        sql = (
-            f"SELECT {sums} FROM calls c JOIN call_outcomes o ON o.call_id = c.id "
-            "WHERE o.status = 'ok' AND o.usage IS NOT NULL AND "
-        )
+        sql = f"SELECT {_usage_sums(keys)} {_OK_USAGE} AND "
         if run_id is not None:
             sql += "c.run_id = %s"
             params: tuple[str, ...] = (run_id,)
@@ -194,6 +186,23 @@ class Reads:
             params = (session_id,)
         row = await self._one(sql, params) if keys else {}
         return {key: int((row or {}).get(key) or 0) for key in keys}
+
+    async def call_usage_by_run(self, session_id: str, keys: Sequence[str]) -> list[CallUsageSum]:
+        sums = f", {_usage_sums(keys)}" if keys else ""
+        rows = await self._all(
+            f"SELECT c.run_id, o.model{sums} {_OK_USAGE} "
+            "AND c.run_id IN (SELECT id FROM runs WHERE session_id = %s) "
+            "GROUP BY c.run_id, o.model ORDER BY c.run_id, COALESCE(o.model, '')",
+            (session_id,),
+        )
+        return [
+            CallUsageSum(
+                run_id=row["run_id"],
+                model=row["model"],
+                sums={key: int(row[key] or 0) for key in keys},
+            )
+            for row in rows
+        ]
 
     async def session_calls(self, session_id: str) -> list[CallRecord]:
         rows = await self._all(
@@ -424,3 +433,20 @@ class Reads:
                 return conn.execute(sql, tuple(params)).fetchall()
 
         return await self._connections.read(run)
+
+
+_OK_USAGE = (
+    "FROM calls c JOIN call_outcomes o ON o.call_id = c.id "
+    "WHERE o.status = 'ok' AND o.usage IS NOT NULL"
+)
+
+
+def _usage_sums(keys: Sequence[str]) -> str:
+    """``SUM`` columns of the usage JSON's ``keys``, named by them (checked: they are
+    spliced into SQL)."""
+    for key in keys:
+        if not key.isidentifier():
+            raise ValueError(f"not a usage key: {key!r}")
+    return ", ".join(
+        f"COALESCE(SUM((o.usage::jsonb ->> '{key}')::bigint), 0) AS {key}" for key in keys
+    )

@@ -15,6 +15,7 @@ from anabranch.errors import StoreError
 from anabranch.store._records import (
     BoundaryRecord,
     CallRecord,
+    CallUsageSum,
     HistoryHit,
     MessageRecord,
     SnapshotRecord,
@@ -31,6 +32,7 @@ from anabranch.store.sqlite._rows import (
     INSERT_OUTCOME,
     INSERT_RUN_END,
     INSERT_TOOL_EVENT,
+    OK_USAGE,
     call_record,
     call_values,
     fetch_rows,
@@ -38,6 +40,7 @@ from anabranch.store.sqlite._rows import (
     message_row,
     snapshot_row,
     tool_event_row,
+    usage_sums,
 )
 
 __all__ = ["SQLiteHistory"]
@@ -327,14 +330,7 @@ class SQLiteHistory:
     ) -> dict[str, int]:
         """Sums of integer ``keys`` of the usage JSON of the session's (or run's) successful
         calls, computed in SQL: a long session's usage costs no rows in Python."""
-        for key in keys:
-            if not key.isidentifier():
-                raise ValueError(f"not a usage key: {key!r}")
-        sums = ", ".join(f"COALESCE(SUM(json_extract(o.usage, '$.{key}')), 0)" for key in keys)
-        sql = (
-            f"SELECT {sums} FROM calls c JOIN call_outcomes o ON o.call_id = c.id "
-            "WHERE o.status = 'ok' AND o.usage IS NOT NULL AND "
-        )
+        sql = f"SELECT {usage_sums(keys)} {OK_USAGE} AND "
         if run_id is not None:
             sql += "c.run_id = ?"
             params: tuple[str, ...] = (run_id,)
@@ -344,6 +340,24 @@ class SQLiteHistory:
         # a small session's sum on the loop's thread, a long one's on the worker thread
         row = await self._sql.bounded_lookup(lambda conn: conn.execute(sql, params).fetchone())
         return {key: int(value) for key, value in zip(keys, row, strict=True)}
+
+    async def call_usage_by_run(self, session_id: str, keys: Sequence[str]) -> list[CallUsageSum]:
+        sql = (
+            f"SELECT c.run_id, o.model, {usage_sums(keys)} {OK_USAGE} "
+            "AND c.run_id IN (SELECT id FROM runs WHERE session_id = ?) "
+            "GROUP BY c.run_id, o.model ORDER BY c.run_id, COALESCE(o.model, '')"
+        )
+        rows = await self._sql.bounded_lookup(
+            lambda conn: conn.execute(sql, (session_id,)).fetchall()
+        )
+        return [
+            CallUsageSum(
+                run_id=row[0],
+                model=row[1],
+                sums={key: int(value) for key, value in zip(keys, row[2:], strict=True)},
+            )
+            for row in rows
+        ]
 
     async def session_calls(self, session_id: str) -> list[CallRecord]:
         rows = await self._sql.read(

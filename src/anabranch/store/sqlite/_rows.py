@@ -17,6 +17,7 @@ __all__ = [
     "INSERT_OUTCOME",
     "INSERT_RUN_END",
     "INSERT_TOOL_EVENT",
+    "OK_USAGE",
     "OUTCOME_COLUMNS",
     "RUN_SQL",
     "SESSION_SQL",
@@ -31,6 +32,7 @@ __all__ = [
     "message_row",
     "snapshot_row",
     "tool_event_row",
+    "usage_sums",
 ]
 
 SESSION_SQL = """
@@ -199,3 +201,17 @@ INSERT_CALL = HotInsert(
 )
 INSERT_OUTCOME = HotInsert("call_outcomes", OUTCOME_COLUMNS)
 INSERT_RUN_END = HotInsert("run_ends", ("run_id", "status", "output", "error", "finished"))
+
+
+OK_USAGE = (  # the successful calls with a usage, for usage_sums
+    "FROM calls c JOIN call_outcomes o ON o.call_id = c.id "
+    "WHERE o.status = 'ok' AND o.usage IS NOT NULL"
+)
+
+
+def usage_sums(keys: Sequence[str]) -> str:
+    """``SUM`` columns of the usage JSON's ``keys`` (checked: they are spliced into SQL)."""
+    for key in keys:
+        if not key.isidentifier():
+            raise ValueError(f"not a usage key: {key!r}")
+    return ", ".join(f"COALESCE(SUM(json_extract(o.usage, '$.{key}')), 0)" for key in keys)
