@@ -5,6 +5,7 @@ spend it reports are the same whatever other budgets the session has."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,9 @@ from anabranch import Agent, Budget
 from anabranch.context._pricing import ModelPrice, PriceTable
 from anabranch.messages import Message, ToolDefinition, Usage
 from anabranch.runtime._run_limits import SessionLimits, Spend
-from anabranch.store import RunRecord
+from anabranch.store import RunRecord, SQLiteStore
+from tests.store_conformance.conftest import add_run, add_session
+from tests.store_conformance.test_usage_sums import finished_call
 
 pytestmark = pytest.mark.anyio
 
@@ -108,3 +111,35 @@ async def test_without_any_budget_nothing_stops_and_spend_is_still_counted() -> 
     for _ in range(1000):
         expected_usd += CALL_USD  # summed call by call, as the ledger does
     assert limits.run_spend("boss").cost_usd == expected_usd
+
+
+async def test_a_continued_sessions_earlier_spend_is_read_once_and_not_counted_twice(
+    tmp_path: Path,
+) -> None:
+    """A session without a budget of its own reads what it spent before this process
+    only when a run with a budget is entered; a call this process made and charged
+    meanwhile is in the store by then, and must not count twice."""
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        await add_session(store, "s")
+        await add_run(store, "boss", session_id="s")
+        usage = CALL.model_dump()
+        for turn in (1, 2):  # spent before this process
+            await finished_call(store, "boss", turn, "ok", "m", usage)
+        limits = SessionLimits(session_id="s", prices=PRICES)
+        await limits.load(store, "s")
+        boss = _run("boss", Agent(name="boss", model="m"))
+        await limits.enter(boss)
+        assert limits.total == Spend()  # no budget: nothing read yet
+
+        await finished_call(store, "boss", 3, "ok", "m", usage)  # this process's call
+        await limits.charge(boss, "m", CALL)
+        child = _run(
+            "child", Agent(name="child", model="m", budget=Budget(max_tokens=10**6)), "boss"
+        )
+        await limits.enter(child)
+
+        assert limits.run_spend("boss") == Spend(3 * CALL_TOKENS, 3 * CALL_USD)
+        assert limits.total == limits.run_spend("boss")
+    finally:
+        await store.close()

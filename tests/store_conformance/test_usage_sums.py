@@ -17,7 +17,7 @@ pytestmark = pytest.mark.anyio
 KEYS = ("input_tokens", "output_tokens", "thinking_tokens")
 
 
-async def _call(
+async def finished_call(
     store: Store,
     run_id: str,
     turn: int,
@@ -58,12 +58,12 @@ async def test_usage_is_summed_per_run_and_model_over_successful_calls(store: St
     await add_run(store, "run_a")
     await add_run(store, "run_b")
     await add_run(store, "run_other", session_id="ses_2")
-    await _call(store, "run_a", 1, "ok", "big", {"input_tokens": 100, "output_tokens": 10})
-    await _call(store, "run_a", 2, "ok", "big", {"input_tokens": 200, "thinking_tokens": 4})
-    await _call(store, "run_a", 3, "ok", "small", {"input_tokens": 7, "output_tokens": 1})
-    await _call(store, "run_a", 4, "error", "big", {"input_tokens": 999})  # not spent
-    await _call(store, "run_b", 1, "ok", None, {"output_tokens": 5})
-    await _call(store, "run_other", 1, "ok", "big", {"input_tokens": 50})  # another session
+    await finished_call(store, "run_a", 1, "ok", "big", {"input_tokens": 100, "output_tokens": 10})
+    await finished_call(store, "run_a", 2, "ok", "big", {"input_tokens": 200, "thinking_tokens": 4})
+    await finished_call(store, "run_a", 3, "ok", "small", {"input_tokens": 7, "output_tokens": 1})
+    await finished_call(store, "run_a", 4, "error", "big", {"input_tokens": 999})  # not spent
+    await finished_call(store, "run_b", 1, "ok", None, {"output_tokens": 5})
+    await finished_call(store, "run_other", 1, "ok", "big", {"input_tokens": 50})  # another session
 
     sums = await store.call_usage_by_run("ses_1", KEYS)
 
@@ -86,3 +86,19 @@ async def test_a_usage_key_is_checked_before_it_reaches_sql(store: Store) -> Non
     await add_session(store)
     with pytest.raises(ValueError, match="not a usage key"):
         await store.call_usage_by_run("ses_1", ["input_tokens') FROM x; --"])
+
+
+async def test_sums_up_to_a_call_id_leave_out_the_calls_begun_after_it(store: Store) -> None:
+    assert await store.last_call_id() == 0
+    await add_session(store)
+    await add_run(store, "run_a")
+    await finished_call(store, "run_a", 1, "ok", "big", {"input_tokens": 100})
+    mark = await store.last_call_id()
+    await finished_call(store, "run_a", 2, "ok", "big", {"input_tokens": 20})
+    assert await store.last_call_id() > mark
+
+    before = await store.call_usage_by_run("ses_1", ("input_tokens",), up_to=mark)
+    every = await store.call_usage_by_run("ses_1", ("input_tokens",))
+
+    assert before == [CallUsageSum("run_a", "big", {"input_tokens": 100})]
+    assert every == [CallUsageSum("run_a", "big", {"input_tokens": 120})]

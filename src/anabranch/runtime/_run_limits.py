@@ -188,47 +188,48 @@ class SessionLimits:
         self._session_warned: set[str] = set()
         self._agent_budgets = False
         """Whether some run of the session has a budget of its own (``attach``)."""
-        self._unread: tuple[Store, str] | None = None
-        """The store of a resumed session whose earlier spend is not read yet."""
+        self._unread: tuple[Store, str, int] | None = None
+        """A continued session's store, id and last call id before this process, while
+        what its calls spent before it is not read."""
         self._reading: anyio.Lock | None = None
 
     # ------------------------------------------------------------------ ledger
     async def load(self, store: Store, session_id: str) -> None:
-        """A resumed session's runs, and (see ``read_spend``) its spend so far: read now if
-        the session has a budget, else when a run with a budget of its own is entered."""
-        runs = await store.list_runs(session_id)
-        for record in runs:
+        """A continued session's runs and what it spent before this process: its
+        summarizer calls now, its model calls now if the session has a budget, else
+        (``read_spend``) when a run with a budget of its own is entered."""
+        for record in await store.list_runs(session_id):
             self._state(record.id, record.parent_run_id)
-        self._unread = (store, session_id)
+        for boundary in await store.list_boundaries(session_id=session_id):
+            summarized = summarizer_usage(boundary)
+            if summarized is not None:
+                self._record(boundary.run_id, self.spend_of(boundary.model or "", summarized))
+        # calls begun from here on get higher ids and are charged as they finish
+        self._unread = (store, session_id, await store.last_call_id())
         if self.session is not None:
-            await self.read_spend()
+            self.session.spent = Spend(self.total.tokens, self.total.cost_usd)  # summarizers'
+            await self.read_spend()  # and the model calls'
 
     async def read_spend(self) -> None:
-        """Add the spend recorded before this process (``load``) to the ledger, once:
-        every successful call and every summarizer call, per run. A run's calls to one
-        model are priced as one sum of their usage (the price is linear in each key).
+        """Add what the session's successful model calls spent before this process
+        (``load``) to the ledger, once. A run's calls to one model are priced as one sum
+        of their usage, summed in SQL (the price is linear in each key): a long session
+        costs a row per run, not one per call.
 
-        A resumed session without budgets never reads it: nothing would be checked
-        against it (spend is additive, so calls charged before it is read count too)."""
+        A session without budgets never reads it: nothing would be checked against it.
+        Calls charged before it is read are not counted twice: the sums stop at the last
+        call begun before ``load``."""
         if self._reading is None:
             self._reading = anyio.Lock()
         async with self._reading:  # runs entered at once wait for the one read
             if self._unread is None:
                 return
-            store, session_id = self._unread
+            store, session_id, up_to = self._unread
             earlier = Spend()
-            # summed in SQL per run and model: a long session costs a row per run, not a
-            # row per call
-            for summed in await store.call_usage_by_run(session_id, USAGE_KEYS):
+            for summed in await store.call_usage_by_run(session_id, USAGE_KEYS, up_to=up_to):
                 spend = self.spend_of(summed.model or "", Usage(**summed.sums))
                 self._record(summed.run_id, spend)
                 earlier.add(spend)
-            for boundary in await store.list_boundaries(session_id=session_id):
-                summarized = summarizer_usage(boundary)
-                if summarized is not None:
-                    spend = self.spend_of(boundary.model or "", summarized)
-                    self._record(boundary.run_id, spend)
-                    earlier.add(spend)
             if self.session is not None:
                 self.session.spent.add(earlier)
             self._unread = None

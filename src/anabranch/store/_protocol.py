@@ -201,10 +201,18 @@ class Store(Protocol):
         calls, computed in SQL: a long session's usage costs no rows in Python."""
         ...
 
-    async def call_usage_by_run(self, session_id: str, keys: Sequence[str]) -> list[CallUsageSum]:
+    async def call_usage_by_run(
+        self, session_id: str, keys: Sequence[str], *, up_to: int | None = None
+    ) -> list[CallUsageSum]:
         """Per run and model, sums of integer ``keys`` of the usage JSON of the session's
-        successful calls, computed in SQL (what a resumed session has spent, without a row
-        per call in Python); ordered by run id, then model."""
+        successful calls (with ``up_to``: those with id <= it), computed in SQL (what a
+        resumed session has spent, without a row per call in Python); ordered by run id,
+        then model."""
+        ...
+
+    async def last_call_id(self) -> int:
+        """The highest call id in the store (0 if none): a call begun after this is read
+        gets a higher one."""
         ...
 
     async def session_calls(self, session_id: str) -> list[CallRecord]: ...

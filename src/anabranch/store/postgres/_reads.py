@@ -187,13 +187,16 @@ class Reads:
         row = await self._one(sql, params) if keys else {}
         return {key: int((row or {}).get(key) or 0) for key in keys}
 
-    async def call_usage_by_run(self, session_id: str, keys: Sequence[str]) -> list[CallUsageSum]:
+    async def call_usage_by_run(
+        self, session_id: str, keys: Sequence[str], *, up_to: int | None = None
+    ) -> list[CallUsageSum]:
         sums = f", {_usage_sums(keys)}" if keys else ""
+        bound = "" if up_to is None else " AND c.id <= %s"
         rows = await self._all(
             f"SELECT c.run_id, o.model{sums} {_OK_USAGE} "
-            "AND c.run_id IN (SELECT id FROM runs WHERE session_id = %s) "
+            f"AND c.run_id IN (SELECT id FROM runs WHERE session_id = %s){bound} "
             "GROUP BY c.run_id, o.model ORDER BY c.run_id, COALESCE(o.model, '')",
-            (session_id,),
+            (session_id,) if up_to is None else (session_id, up_to),
         )
         return [
             CallUsageSum(
@@ -203,6 +206,10 @@ class Reads:
             )
             for row in rows
         ]
+
+    async def last_call_id(self) -> int:
+        row = await self._one("SELECT COALESCE(max(id), 0) AS id FROM calls")
+        return int(row["id"]) if row else 0
 
     async def session_calls(self, session_id: str) -> list[CallRecord]:
         rows = await self._all(

@@ -341,15 +341,17 @@ class SQLiteHistory:
         row = await self._sql.bounded_lookup(lambda conn: conn.execute(sql, params).fetchone())
         return {key: int(value) for key, value in zip(keys, row, strict=True)}
 
-    async def call_usage_by_run(self, session_id: str, keys: Sequence[str]) -> list[CallUsageSum]:
+    async def call_usage_by_run(
+        self, session_id: str, keys: Sequence[str], *, up_to: int | None = None
+    ) -> list[CallUsageSum]:
+        bound = "" if up_to is None else " AND c.id <= ?"
         sql = (
             f"SELECT c.run_id, o.model, {usage_sums(keys)} {OK_USAGE} "
-            "AND c.run_id IN (SELECT id FROM runs WHERE session_id = ?) "
+            f"AND c.run_id IN (SELECT id FROM runs WHERE session_id = ?){bound} "
             "GROUP BY c.run_id, o.model ORDER BY c.run_id, COALESCE(o.model, '')"
         )
-        rows = await self._sql.bounded_lookup(
-            lambda conn: conn.execute(sql, (session_id,)).fetchall()
-        )
+        params = (session_id,) if up_to is None else (session_id, up_to)
+        rows = await self._sql.bounded_lookup(lambda conn: conn.execute(sql, params).fetchall())
         return [
             CallUsageSum(
                 run_id=row[0],
@@ -358,6 +360,12 @@ class SQLiteHistory:
             )
             for row in rows
         ]
+
+    async def last_call_id(self) -> int:
+        row = await self._sql.lookup(  # the end of the rowid b-tree
+            lambda conn: conn.execute("SELECT COALESCE(MAX(id), 0) FROM calls").fetchone()
+        )
+        return int(row[0])
 
     async def session_calls(self, session_id: str) -> list[CallRecord]:
         rows = await self._sql.read(
