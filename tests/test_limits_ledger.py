@@ -87,11 +87,11 @@ async def test_a_grandchilds_calls_count_toward_its_ancestors_budget(
     # the leaf's next call and final report (its last call each) would pass the boss's
     # budget: the leaf stops; while it is driven, so does every run it spends under
     assert limits.next_turn_now(middle).stop is None  # the leaf is not driven: nothing next
-    with limits.driving(leaf):
-        for run in (leaf, middle, boss):
-            notes = limits.next_turn_now(run)
-            assert notes.stop is not None and notes.stop.scope == "agent boss", run.id
-        assert limits.next_turn_now(leaf).stop == limits.next_turn_now(boss).stop
+    (await limits.enter(leaf)).driving = True  # as the loop drives it
+    for run in (leaf, middle, boss):
+        notes = limits.next_turn_now(run)
+        assert notes.stop is not None and notes.stop.scope == "agent boss", run.id
+    assert limits.next_turn_now(leaf).stop == limits.next_turn_now(boss).stop
     if session_budget is not None:
         assert limits.session is not None
         assert limits.session.spent == Spend(2 * CALL_TOKENS, CALL_USD + CALL_USD)

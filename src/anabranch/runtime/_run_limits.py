@@ -139,23 +139,6 @@ class _RunState:
     driving: bool = False
 
 
-class _Driving:
-    """``SessionLimits.driving``: a run counts as active inside the ``with`` (a plain
-    object, not a generator). ``AgentRun.drive`` sets and resets ``driving`` on the
-    ``attach``-ed state itself: no object and bound ``__exit__`` for a run's whole life."""
-
-    __slots__ = ("state",)
-
-    def __init__(self, state: _RunState) -> None:
-        self.state = state
-
-    def __enter__(self) -> None:
-        self.state.driving = True
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.state.driving = False
-
-
 class SessionLimits:
     """The budgets of one session and its spend ledger, shared by all its runs."""
 
@@ -275,10 +258,6 @@ class SessionLimits:
             if any(s is self._runs[run_id] for s in self._lineage(other_id)):
                 total.add(state.own)
         return total
-
-    def driving(self, run: LimitedRun) -> _Driving:
-        """While a run is driven (``with``): it is registered and counts as active."""
-        return _Driving(self.attach(run))
 
     def attach(self, run: LimitedRun) -> _RunState:
         """Register a run before it is driven: its parent, its agent's budget, its deadline."""
