@@ -24,7 +24,7 @@ from anabranch.runtime._loop import AgentRun
 from anabranch.runtime._model_calls import ModelCalls
 from anabranch.runtime._pipeline import PassThroughPipeline
 from anabranch.runtime._run_events import RunEvents
-from anabranch.runtime._run_limits import NO_NOTES, Spend, TurnNotes, _Driving
+from anabranch.runtime._run_limits import NO_NOTES, Spend, TurnNotes
 from anabranch.runtime._tool_calls import ToolCalls
 from anabranch.store import CallRecord, MessageRecord, SnapshotRecord
 from anabranch.testing import FunctionModel
@@ -84,8 +84,8 @@ def _held_by_the_loop() -> dict[str, object]:
         # the call's own row; the previous call's is not kept (its values are)
         "call_rows": sum(1 for o in objects if isinstance(o, CallRecord)),
         # the run's and the call's spans are held as the span and its token: no
-        # ``CurrentSpan`` and bound ``__exit__`` (of it, or of the limits' ``driving``)
-        "span_holders": sum(1 for o in objects if isinstance(o, CurrentSpan | _Driving)),
+        # ``CurrentSpan`` and bound ``__exit__`` (the limits' ``driving`` is a flag)
+        "span_holders": sum(1 for o in objects if isinstance(o, CurrentSpan)),
         # the previous response's record (its message, calls, marked ids): not kept by
         # the loop once its tool turn ran
         "response_records": sum(
