@@ -150,6 +150,63 @@ async def test_a_stalled_store_is_fenced_after_a_takeover(postgres_dsn: str) -> 
         await b.close()
 
 
+class _HeldWatch(dict[str, str]):
+    """A store's held leases that note, at every removal, whether the session was already
+    recorded lost: a fence read on another thread between the two finds it in neither, and
+    then the write it guards goes through unfenced."""
+
+    def __init__(self, lost: set[str]) -> None:
+        super().__init__()
+        self.lost = lost
+        self.unguarded: list[str] = []
+
+    def pop(self, key: str, *default: str | None) -> str | None:  # type: ignore[override]
+        if key in self and key not in self.lost:
+            self.unguarded.append(key)
+        return super().pop(key, *default)
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self.lost:
+            self.unguarded.append(key)
+        super().__delitem__(key)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("found_by", ["renewal", "fenced write", "release"])
+async def test_a_lost_lease_is_recorded_lost_before_it_stops_being_held(
+    postgres_dsn: str, found_by: str
+) -> None:
+    """However a store finds out that its lease was taken over, at no moment is the session
+    neither held nor lost: the fence of a concurrent write always has something to check."""
+    a = await PostgresStore.open(postgres_dsn)
+    b = await PostgresStore.open(postgres_dsn)
+    try:
+        await a.create_session(
+            SessionRecord(id="ses_w", created=time.time(), kind="agent", entry="x", task="t")
+        )
+        await a.acquire_lease("ses_w", "host-a:1", ttl=-1.0)  # already expired
+        await b.acquire_lease("ses_w", "host-b:2", ttl=30)
+        watch = _HeldWatch(a._lost)
+        watch.update(a._held)
+        a._held = watch
+        if found_by == "renewal":
+            assert not await a.renew_lease("ses_w", "host-a:1", ttl=30)
+        elif found_by == "fenced write":
+            with pytest.raises(LeaseLostError):
+                await a.set_session_status("ses_w", "failed", error="stale")
+        else:
+            with pytest.raises(LeaseLostError):
+                await a.release_lease("ses_w", "host-a:1", status="failed", error="stale")
+        assert "ses_w" in a._lost and "ses_w" not in a._held
+        assert watch.unguarded == []
+        with pytest.raises(LeaseLostError):  # and every later write is refused
+            await a.set_session_status("ses_w", "failed", error="stale")
+        assert (await b.get_session("ses_w")).status == "running"  # type: ignore[union-attr]
+    finally:
+        await a.close()
+        await b.close()
+
+
 @pytest.mark.anyio
 async def test_a_fenced_write_fails_alone_in_its_batch(postgres_dsn: str) -> None:
     """Writes for many leased sessions share one (pipelined) transaction. When one of

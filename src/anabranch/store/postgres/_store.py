@@ -153,9 +153,11 @@ class PostgresStore(Reads):
         return session
 
     def _lease_lost(self, fence: Fence) -> LeaseLostError:
-        """Record that another owner took ``fence.session`` over (writer thread)."""
-        self._held.pop(fence.session, None)
+        """Record that another owner took ``fence.session`` over (writer thread). Lost
+        before no longer held: a fence read on another thread in between finds it in one
+        of the two, never in neither (then a write would go unfenced)."""
         self._lost.add(fence.session)
+        self._held.pop(fence.session, None)
         return LeaseLostError(fence.session, fence.owner)
 
     def _fence(
@@ -269,8 +271,8 @@ class PostgresStore(Reads):
 
         renewed = await self._connections.write_later(write)
         if not renewed and self._held.get(session_id) == owner:
+            self._lost.add(session_id)  # lost before no longer held (``_lease_lost``)
             self._held.pop(session_id, None)
-            self._lost.add(session_id)
         return renewed
 
     async def release_lease(
@@ -300,9 +302,9 @@ class PostgresStore(Reads):
         fence = self._fence(session_id, None, None) if end is not None else None
         released = await self._connections.write_later(write, fence)
         if self._held.get(session_id) == owner:
-            del self._held[session_id]
             if not released:
-                self._lost.add(session_id)
+                self._lost.add(session_id)  # lost before no longer held (``_lease_lost``)
+            self._held.pop(session_id, None)
 
     async def lease_holder(self, session_id: str) -> str | None:
         """The live owner of the session's lease, if any."""
