@@ -14,11 +14,11 @@ import anyio
 import pytest
 
 from anabranch import Agent, Graph, GraphResult, Runtime, Task, tool
-from anabranch.errors import ModelConnectionError
+from anabranch.errors import ModelConnectionError, StoreError
 from anabranch.messages import ModelRequest, ToolUseBlock
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime import RunResult
-from anabranch.store import PostgresStore, SQLiteStore
+from anabranch.store import PostgresStore, RunStatus, SQLiteStore
 from anabranch.testing import FunctionModel
 from tests.databases import is_postgres, rows
 
@@ -218,3 +218,75 @@ async def test_a_late_resume_of_a_finished_graph_writes_nothing(db: Path | str) 
     assert isinstance(result, GraphResult) and result.status == "done", result.error
     assert result.output == "the answer"
     assert statuses[-1] == "done" and statuses.count("done") == 1, statuses
+
+
+class EndLostStore(SQLiteStore):
+    """A real SQLite store whose writes of a session's end fail, as when the process
+    stops between committing the root run's end and the session's: the root ended, the
+    session still reads ``running``, the lease is given back."""
+
+    async def release_lease(
+        self,
+        session_id: str,
+        owner: str,
+        *,
+        status: RunStatus | None = None,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        if status is not None:
+            raise StoreError("the store failed: the process stopped here")
+        await super().release_lease(session_id, owner)
+
+
+class EndLostPostgresStore(PostgresStore):
+    """``EndLostStore`` on a real PostgreSQL."""
+
+    async def release_lease(
+        self,
+        session_id: str,
+        owner: str,
+        *,
+        status: RunStatus | None = None,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        if status is not None:
+            raise StoreError("the store failed: the process stopped here")
+        await super().release_lease(session_id, owner)
+
+
+async def test_a_missing_end_recorded_while_a_late_resume_waited_is_not_recorded_again(
+    db: Path | str,
+) -> None:
+    """A session whose root run ended but whose own end was never committed is resumed
+    twice at once (a worker and a duplicate DBOS workflow of it): the one that takes the
+    lease first records the end; the late one, which read the session as ``running``
+    before that, finds it recorded under the lease and writes nothing (before: a second
+    ``done`` row, a write to a finished session, which the SIGSTOP failover test caught
+    as a fenced-looking write from a live worker)."""
+    agent = Agent(name="worker", instructions="Answer.")
+    opened = await (
+        EndLostPostgresStore.open(str(db)) if is_postgres(db) else EndLostStore.open(db)
+    )
+    sessions: list[str] = []
+    with anyio.fail_after(60):
+        async with opened as store, Runtime(store=store, model=FunctionModel(_answer)) as rt:
+            with pytest.raises(StoreError, match="stopped here"):
+                await rt.run(agent, "go", on_session=sessions.append)
+    (sid,) = sessions
+    before = [
+        r[0] for r in rows(db, "SELECT status FROM session_events WHERE session_id = ?", (sid,))
+    ]
+    assert before == ["running"]  # the root ended, the session's end is missing
+
+    finished, result = await _late_and_live(db, sid, agents=[agent])
+    statuses = [
+        r[0]
+        for r in rows(
+            db, "SELECT status FROM session_events WHERE session_id = ? ORDER BY id", (sid,)
+        )
+    ]
+    assert finished.status == "done" and finished.output == "the answer"
+    assert result.status == "done" and result.output == "the answer", result.error
+    assert statuses == ["running", "done"], statuses

@@ -45,9 +45,8 @@ async def resume_agent(
         # Nothing left to run (the process may have stopped before the session's
         # status was committed: record it now).
         end = root_end(root)
-        if session.status != root.status:
-            async with driver.lease(session_id):
-                await driver.record(session_id, end)
+        if session.status != end.status:  # read without the lease: checked again under it
+            await driver.settle(session_id, end)
         return await agent_result(store, agents, session_id, root.id, root.agent_name, end)
     root_agent = resolve()
     env = await environment()

@@ -204,8 +204,7 @@ class SessionDriver:
         async with self._held(session_id, running=ended is None, taken=taken) as held:
             already = await ended() if ended is not None else None
             if already is not None:
-                session = await store.get_session(session_id)
-                if session is None or session.status != already.status or not session.finished:
+                if not await self._shows(session_id, already):
                     held.end = already  # its process stopped before: recorded with the release
                 return already
             try:
@@ -237,9 +236,20 @@ class SessionDriver:
             held.end = end  # recorded as the lease is given back, in the same write
         return end
 
-    async def record(self, session_id: str, end: SessionEnd) -> None:
-        """Record a session's end (the caller holds its lease)."""
-        await self.store.set_session_status(session_id, **self._end_status(session_id, end))
+    async def settle(self, session_id: str, end: SessionEnd) -> None:
+        """Record ``end``, the end of a session whose root has ended, unless the session
+        shows it by the time its lease is held. The caller read the session without the
+        lease: the process that ended it may have recorded its status since (a duplicate
+        DBOS workflow of a session another worker was finishing meets this), and an end
+        recorded twice is a write after the session finished."""
+        async with self._held(session_id) as held:
+            if not await self._shows(session_id, end):
+                held.end = end  # recorded as the lease is given back, in the same write
+
+    async def _shows(self, session_id: str, end: SessionEnd) -> bool:
+        """Whether the store shows the session ended as ``end`` (read under its lease)."""
+        session = await self.store.get_session(session_id)
+        return session is not None and session.status == end.status and bool(session.finished)
 
     @staticmethod
     def _end_status(session_id: str, end: SessionEnd) -> _EndStatus:
