@@ -221,7 +221,6 @@ class PostgresStore(Reads):
             insert(tx, "session_events", event)
             if owner is not None:
                 take_lease(tx, session.id, owner, host, pid, ttl)
-                insert(tx, "session_events", session_event_row(session.id, "running"))
 
         await self._write(write, session=session.id)
         if owner is not None:

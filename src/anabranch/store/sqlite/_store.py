@@ -153,7 +153,6 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
                     "VALUES (?, ?, ?, ?, ?)",
                     (session.id, *lease, time.time() + ttl),
                 )
-                insert(conn, "session_events", session_event_row(session.id, "running"))
 
         await self._sql.write(write)
 
