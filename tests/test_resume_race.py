@@ -220,10 +220,10 @@ async def test_a_late_resume_of_a_finished_graph_writes_nothing(db: Path | str) 
     assert statuses[-1] == "done" and statuses.count("done") == 1, statuses
 
 
-class EndLostStore(SQLiteStore):
-    """A real SQLite store whose writes of a session's end fail, as when the process
-    stops between committing the root run's end and the session's: the root ended, the
-    session still reads ``running``, the lease is given back."""
+class _EndLost:
+    """A real store whose writes of a session's end fail, as when the process stops
+    between committing the root run's end and the session's: the root ended, the session
+    still reads ``running``, the lease is given back (mixed into each backend's store)."""
 
     async def release_lease(
         self,
@@ -236,24 +236,15 @@ class EndLostStore(SQLiteStore):
     ) -> None:
         if status is not None:
             raise StoreError("the store failed: the process stopped here")
-        await super().release_lease(session_id, owner)
+        await super().release_lease(session_id, owner)  # type: ignore[misc]
 
 
-class EndLostPostgresStore(PostgresStore):
-    """``EndLostStore`` on a real PostgreSQL."""
+class EndLostStore(_EndLost, SQLiteStore):
+    """``_EndLost`` on a SQLite file."""
 
-    async def release_lease(
-        self,
-        session_id: str,
-        owner: str,
-        *,
-        status: RunStatus | None = None,
-        output: str | None = None,
-        error: str | None = None,
-    ) -> None:
-        if status is not None:
-            raise StoreError("the store failed: the process stopped here")
-        await super().release_lease(session_id, owner)
+
+class EndLostPostgresStore(_EndLost, PostgresStore):
+    """``_EndLost`` on a real PostgreSQL."""
 
 
 async def test_a_missing_end_recorded_while_a_late_resume_waited_is_not_recorded_again(
