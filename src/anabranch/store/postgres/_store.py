@@ -153,12 +153,17 @@ class PostgresStore(Reads):
         return session
 
     def _lease_lost(self, fence: Fence) -> LeaseLostError:
-        """Record that another owner took ``fence.session`` over (writer thread). Lost
-        before no longer held: a fence read on another thread in between finds it in one
-        of the two, never in neither (then a write would go unfenced)."""
-        self._lost.add(fence.session)
-        self._held.pop(fence.session, None)
+        """Record that another owner took ``fence.session`` over (writer thread)."""
+        self._let_go(fence.session, lost=True)
         return LeaseLostError(fence.session, fence.owner)
+
+    def _let_go(self, session: str, *, lost: bool) -> None:
+        """``session``'s lease is no longer held (``lost``: another owner took it over).
+        Lost before no longer held: a fence read on another thread in between finds it in
+        one of the two, never in neither (then a write would go unfenced)."""
+        if lost:
+            self._lost.add(session)
+        self._held.pop(session, None)
 
     def _fence(
         self, session: str | None, run: str | None, call: int | None
@@ -270,8 +275,7 @@ class PostgresStore(Reads):
 
         renewed = await self._connections.write_later(write)
         if not renewed and self._held.get(session_id) == owner:
-            self._lost.add(session_id)  # lost before no longer held (``_lease_lost``)
-            self._held.pop(session_id, None)
+            self._let_go(session_id, lost=True)
         return renewed
 
     async def release_lease(
@@ -301,9 +305,7 @@ class PostgresStore(Reads):
         fence = self._fence(session_id, None, None) if end is not None else None
         released = await self._connections.write_later(write, fence)
         if self._held.get(session_id) == owner:
-            if not released:
-                self._lost.add(session_id)  # lost before no longer held (``_lease_lost``)
-            self._held.pop(session_id, None)
+            self._let_go(session_id, lost=not released)
 
     async def lease_holder(self, session_id: str) -> str | None:
         """The live owner of the session's lease, if any."""
