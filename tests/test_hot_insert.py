@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from anabranch.store import CallRecord, MessageRecord, ToolEventRecord
-from anabranch.store._rows import message_row, run_end_row, tool_event_row
+from anabranch.store._rows import call_outcome_rows, message_row, run_end_row, tool_event_row
 from anabranch.store.sqlite._open import open_connection
 from anabranch.store.sqlite._rows import (
     INSERT_CALL,
@@ -45,7 +45,19 @@ def test_each_hot_insert_lists_its_row_functions_keys_in_order() -> None:
     assert _columns(INSERT_TOOL_EVENT) == tuple(tool_event_row(event))
     assert _columns(INSERT_CALL) == tuple(call_values(call))
     assert _columns(INSERT_RUN_END) == tuple(run_end_row("run_1", "out"))
-    assert _columns(INSERT_OUTCOME) == OUTCOME_COLUMNS
+    outcome, _ = call_outcome_rows(
+        1,
+        status="ok",
+        message=message,
+        error_type=None,
+        error=None,
+        response_id=None,
+        model=None,
+        stop_reason=None,
+        usage=None,
+        run_output=None,
+    )
+    assert _columns(INSERT_OUTCOME) == OUTCOME_COLUMNS == tuple(outcome)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from anabranch.store._records import (
+    BoundaryRecord,
     CallRecord,
     MessageRecord,
     RunRecord,
@@ -15,7 +16,11 @@ from anabranch.store._records import (
 )
 
 __all__ = [
+    "boundary_row",
+    "cache_break_row",
+    "call_outcome_rows",
     "call_row",
+    "interrupted_outcome_row",
     "message_row",
     "run_end_row",
     "run_row",
@@ -137,5 +142,72 @@ def session_event_row(
         "status": status,
         "output": output,
         "error": error,
+        "created": time.time(),
+    }
+
+
+def call_outcome_rows(
+    call_id: int,
+    *,
+    status: str,
+    message: MessageRecord | None,
+    error_type: str | None,
+    error: str | None,
+    response_id: str | None,
+    model: str | None,
+    stop_reason: str | None,
+    usage: str | None,
+    run_output: str | None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``finish_call``'s outcome row, and (for an answer that ends its run: ``message``
+    with ``run_output``) the run's end row."""
+    end = None
+    if message is not None and run_output is not None:  # the answer ends its run
+        end = run_end_row(message.run_id, run_output)
+    outcome = {
+        "call_id": call_id,
+        "status": status,
+        "error_type": error_type,
+        "error": error,
+        "response_id": response_id,
+        "model": model,
+        "stop_reason": stop_reason,
+        "usage": usage,
+        "message_seq": message.seq if message else None,
+        "created": time.time(),
+    }
+    return outcome, end
+
+
+def interrupted_outcome_row(call_id: int, created: float) -> dict[str, Any]:
+    """The outcome ``close_interrupted_calls`` records for a call still in flight."""
+    return {
+        "call_id": call_id,
+        "status": "interrupted",
+        "error": "the process stopped before the response was committed",
+        "created": created,
+    }
+
+
+def boundary_row(boundary: BoundaryRecord) -> dict[str, Any]:
+    """A boundary's row: its fields but the id (the database's) and ``details`` (not
+    stored)."""
+    return {
+        name: getattr(boundary, name)
+        for name in BoundaryRecord.__dataclass_fields__
+        if name not in ("id", "details")
+    }
+
+
+def cache_break_row(
+    run_id: str, call_id: int, cause: str, expected_read: int, actual_read: int
+) -> dict[str, Any]:
+    """A prompt-cache break of one call (``add_cache_break``'s row)."""
+    return {
+        "run_id": run_id,
+        "call_id": call_id,
+        "cause": cause,
+        "expected_read": expected_read,
+        "actual_read": actual_read,
         "created": time.time(),
     }

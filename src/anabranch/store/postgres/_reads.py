@@ -6,7 +6,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from anabranch.errors import StoreError
 from anabranch.store._records import (
     BoundaryRecord,
     CallRecord,
@@ -22,6 +21,7 @@ from anabranch.store._records import (
     SpillRecord,
     ToolEventRecord,
 )
+from anabranch.store._results import history_hits, spill_record
 from anabranch.store.postgres._connection import Conn, Connections
 from anabranch.store.postgres._schema import TEXT_SEARCH_CONFIG
 
@@ -317,15 +317,7 @@ class Reads:
             "WHERE s.handle = %s",
             (handle,),
         )
-        if row is None:
-            return None
-        event_id = row.pop("event_id")
-        if row["content"] is None:
-            raise StoreError(
-                f"spill {handle!r} refers to tool event {event_id} of call {row['call_id']!r} "
-                f"(run {row['run_id']}), which is not in the store"
-            )
-        return SpillRecord(**row)
+        return spill_record(handle, row) if row is not None else None
 
     # ----------------------------------------------------------------- history search
     async def search_history(self, run_id: str, text: str, limit: int = 5) -> list[HistoryHit]:
@@ -339,7 +331,7 @@ class Reads:
         rows = await self._search(run_id, words, " && ", limit)
         if not rows and len(words) > 1:
             rows = await self._search(run_id, words, " || ", limit)
-        return [HistoryHit(row["source"], str(row["ref"]), row["snippet"]) for row in rows]
+        return history_hits(rows)
 
     async def _search(
         self, run_id: str, words: list[str], joiner: str, limit: int

@@ -39,7 +39,11 @@ from anabranch.store._records import (
     ToolEventRecord,
 )
 from anabranch.store._rows import (
+    boundary_row,
+    cache_break_row,
+    call_outcome_rows,
     call_row,
+    interrupted_outcome_row,
     message_row,
     run_end_row,
     run_row,
@@ -432,21 +436,18 @@ class PostgresStore(Reads):
         transaction."""
         message_values = [message_row(message)] if message else []
         events = [tool_event_row(e) for e in tool_events]
-        end = None
-        if message is not None and run_output is not None:  # the answer ends its run
-            end = run_end_row(message.run_id, run_output)
-        outcome = {
-            "call_id": call_id,
-            "status": status,
-            "error_type": error_type,
-            "error": error,
-            "response_id": response_id,
-            "model": model,
-            "stop_reason": stop_reason,
-            "usage": usage,
-            "message_seq": message.seq if message else None,
-            "created": time.time(),
-        }
+        outcome, end = call_outcome_rows(
+            call_id,
+            status=status,
+            message=message,
+            error_type=error_type,
+            error=error,
+            response_id=response_id,
+            model=model,
+            stop_reason=stop_reason,
+            usage=usage,
+            run_output=run_output,
+        )
 
         def write(tx: Tx) -> None:
             self._insert_messages(tx, message_values)
@@ -472,16 +473,7 @@ class PostgresStore(Reads):
             ).fetchall()
             now = time.time()
             for row in rows:
-                insert(
-                    tx,
-                    "call_outcomes",
-                    {
-                        "call_id": row["id"],
-                        "status": "interrupted",
-                        "error": "the process stopped before the response was committed",
-                        "created": now,
-                    },
-                )
+                insert(tx, "call_outcomes", interrupted_outcome_row(row["id"], now))
             return [CallRecord(**row) for row in rows]
 
         return await self._write(write, run=run_id)
@@ -514,11 +506,7 @@ class PostgresStore(Reads):
         self, boundary: BoundaryRecord, messages: Sequence[MessageRecord] = ()
     ) -> int:
         """Commit a boundary (and any messages that belong with it) atomically."""
-        values = {
-            name: getattr(boundary, name)
-            for name in BoundaryRecord.__dataclass_fields__
-            if name not in ("id", "details")
-        }
+        values = boundary_row(boundary)
         message_values = [message_row(m) for m in messages]
 
         def write(tx: Tx) -> Later[int]:
@@ -539,14 +527,7 @@ class PostgresStore(Reads):
     async def add_cache_break(
         self, run_id: str, call_id: int, cause: str, expected_read: int, actual_read: int
     ) -> None:
-        values = {
-            "run_id": run_id,
-            "call_id": call_id,
-            "cause": cause,
-            "expected_read": expected_read,
-            "actual_read": actual_read,
-            "created": time.time(),
-        }
+        values = cache_break_row(run_id, call_id, cause, expected_read, actual_read)
         await self._write(lambda tx: insert(tx, "cache_breaks", values), run=run_id)
 
     async def save_context_limit(self, limit: ContextLimitRecord) -> None:

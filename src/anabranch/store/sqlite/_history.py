@@ -7,11 +7,9 @@ import re
 import sqlite3
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import fields
 from functools import partial
 from typing import Any, Literal
 
-from anabranch.errors import StoreError
 from anabranch.store._records import (
     BoundaryRecord,
     CallRecord,
@@ -22,7 +20,13 @@ from anabranch.store._records import (
     SpillRecord,
     ToolEventRecord,
 )
-from anabranch.store._rows import run_end_row, spill_row
+from anabranch.store._results import history_hits, spill_record
+from anabranch.store._rows import (
+    boundary_row,
+    call_outcome_rows,
+    interrupted_outcome_row,
+    spill_row,
+)
 from anabranch.store.sqlite._blobs import dehydrate
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._rows import (
@@ -39,6 +43,7 @@ from anabranch.store.sqlite._rows import (
     insert,
     message_row,
     snapshot_row,
+    tool_event_record,
     tool_event_row,
     usage_sums,
 )
@@ -193,21 +198,18 @@ class SQLiteHistory:
         """Commit the call's outcome (and the assistant message, and the ``started`` events
         of the tool calls it asks for; with ``run_output`` the run's end) in one
         transaction."""
-        end = None
-        if message is not None and run_output is not None:  # the answer ends its run
-            end = run_end_row(message.run_id, run_output)
-        outcome = {
-            "call_id": call_id,
-            "status": status,
-            "error_type": error_type,
-            "error": error,
-            "response_id": response_id,
-            "model": model,
-            "stop_reason": stop_reason,
-            "usage": usage,
-            "message_seq": message.seq if message else None,
-            "created": time.time(),
-        }
+        outcome, end = call_outcome_rows(
+            call_id,
+            status=status,
+            message=message,
+            error_type=error_type,
+            error=error,
+            response_id=response_id,
+            model=model,
+            stop_reason=stop_reason,
+            usage=usage,
+            run_output=run_output,
+        )
         return self._sql.write(
             partial(
                 _finish_call,
@@ -233,16 +235,7 @@ class SQLiteHistory:
             )
             now = time.time()
             for row in rows:
-                insert(
-                    conn,
-                    "call_outcomes",
-                    {
-                        "call_id": row["id"],
-                        "status": "interrupted",
-                        "error": "the process stopped before the response was committed",
-                        "created": now,
-                    },
-                )
+                insert(conn, "call_outcomes", interrupted_outcome_row(row["id"], now))
             return [call_record(row) for row in rows]
 
         return await self._sql.write(write)
@@ -407,7 +400,7 @@ class SQLiteHistory:
                 (run_id, *call_ids),
             )
         )
-        return [ToolEventRecord(**{**row, "is_error": bool(row["is_error"])}) for row in rows]
+        return [tool_event_record(row) for row in rows]
 
     async def session_tool_events(
         self, session_id: str, events: Sequence[str]
@@ -423,7 +416,7 @@ class SQLiteHistory:
                 (*events, session_id),
             )
         )
-        return [ToolEventRecord(**{**row, "is_error": bool(row["is_error"])}) for row in rows]
+        return [tool_event_record(row) for row in rows]
 
     # ----------------------------------------------------------------- snapshots
     async def save_snapshot(self, snapshot: SnapshotRecord) -> None:
@@ -464,9 +457,7 @@ class SQLiteHistory:
         self, boundary: BoundaryRecord, messages: Sequence[MessageRecord] = ()
     ) -> int:
         """Commit a boundary (and any messages that belong with it) atomically."""
-        values = {f.name: getattr(boundary, f.name) for f in fields(boundary)}
-        values.pop("id")
-        values.pop("details")
+        values = boundary_row(boundary)
         message_values = [message_row(m) for m in messages]
 
         def write(conn: sqlite3.Connection) -> int:
@@ -549,16 +540,7 @@ class SQLiteHistory:
             StoreError: the spill refers to a tool event that is not stored.
         """
         rows = await self._sql.read(lambda conn: fetch_rows(conn, _SPILL_SQL, (handle,)))
-        if not rows:
-            return None
-        row = rows[0]
-        event_id, content = row.pop("event_id"), row["content"]
-        if content is None:
-            raise StoreError(
-                f"spill {handle!r} refers to tool event {event_id} of call {row['call_id']!r} "
-                f"(run {row['run_id']}), which is not in the store"
-            )
-        return SpillRecord(**row)
+        return spill_record(handle, rows[0]) if rows else None
 
     # ----------------------------------------------------------------- history search
     async def search_history(self, run_id: str, text: str, limit: int = 5) -> list[HistoryHit]:
@@ -588,5 +570,4 @@ class SQLiteHistory:
                 rows = fetch_rows(conn, sql, (match, run_id, match, run_id, limit))
             return rows
 
-        rows = await self._sql.read(search)
-        return [HistoryHit(row["source"], str(row["ref"]), row["snippet"]) for row in rows]
+        return history_hits(await self._sql.read(search))

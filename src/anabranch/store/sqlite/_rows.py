@@ -6,7 +6,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from anabranch.store._records import CallRecord
+from anabranch.store._records import CallRecord, ToolEventRecord
 from anabranch.store._rows import call_row, message_row, snapshot_row, tool_event_row
 from anabranch.store.sqlite._blobs import BLOB_COLUMNS, dehydrate, hydrate_rows
 
@@ -31,6 +31,7 @@ __all__ = [
     "insert",
     "message_row",
     "snapshot_row",
+    "tool_event_record",
     "tool_event_row",
     "usage_sums",
 ]
@@ -83,6 +84,11 @@ def call_values(call: CallRecord) -> dict[str, Any]:
 def call_record(row: dict[str, Any]) -> CallRecord:
     """A call read back (its fingerprint in hex again)."""
     return CallRecord(**{**row, "fingerprint": hex_text(row["fingerprint"])})
+
+
+def tool_event_record(row: dict[str, Any]) -> ToolEventRecord:
+    """A tool event read back (its ``is_error`` a bool again: SQLite keeps an integer)."""
+    return ToolEventRecord(**{**row, "is_error": bool(row["is_error"])})
 
 
 class StoreConnection(sqlite3.Connection):

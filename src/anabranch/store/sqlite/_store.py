@@ -28,7 +28,13 @@ from anabranch.store._records import (
     SessionRecord,
     SnapshotRecord,
 )
-from anabranch.store._rows import run_end_row, run_row, run_span_row, session_event_row
+from anabranch.store._rows import (
+    cache_break_row,
+    run_end_row,
+    run_row,
+    run_span_row,
+    session_event_row,
+)
 from anabranch.store.sqlite._budgets import SQLiteBudgets
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._history import SQLiteHistory
@@ -391,14 +397,7 @@ class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
     async def add_cache_break(
         self, run_id: str, call_id: int, cause: str, expected_read: int, actual_read: int
     ) -> None:
-        values = {
-            "run_id": run_id,
-            "call_id": call_id,
-            "cause": cause,
-            "expected_read": expected_read,
-            "actual_read": actual_read,
-            "created": time.time(),
-        }
+        values = cache_break_row(run_id, call_id, cause, expected_read, actual_read)
         await self._sql.write(lambda conn: insert(conn, "cache_breaks", values))
 
     async def list_cache_breaks(self, session_id: str) -> list[dict[str, Any]]:
