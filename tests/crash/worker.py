@@ -25,6 +25,7 @@ from anabranch.models._anthropic import AnthropicModel
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime._worker import WorkerOptions, serve
 from anabranch.store.postgres import PostgresStore
+from anabranch.store.postgres._fencing import FencedWrites
 from tests.crash import scenario
 from tests.crash.driver import Spec, _Counter, _KillingModel, _Transport
 
@@ -51,7 +52,7 @@ def _install_commit_kill(spec: Spec) -> None:
         return
     original = PostgresStore._write
 
-    async def write(self: PostgresStore, fn: Callable[[Any], T], **fence: Any) -> T:
+    async def write(self: FencedWrites, fn: Callable[[Any], T], **fence: Any) -> T:
         result = await original(self, fn, **fence)
         counter.tick()
         return result

@@ -1,5 +1,8 @@
 """``PostgresStore``: the write-ahead store on one PostgreSQL database.
 
+Its opening, sessions, leases and runs are here; the writes within a run in
+``_run_writes``, the fenced write path under both in ``_fencing``, the reads in ``_reads``.
+
 Invariants (the same as the SQLite store's, across processes and hosts):
 - Every write is atomic, shielded from cancellation, and returns once committed.
 - Group commit on one writer connection (see ``_connection``).
@@ -7,8 +10,9 @@ Invariants (the same as the SQLite store's, across processes and hosts):
 - Fencing: once another process has taken over a session this store held a lease on,
   every further write of this store for that session raises ``LeaseLostError`` and
   commits nothing. The check runs in the write's transaction under a share lock on the
-  lease row, so a takeover cannot slip in between check and commit (``_connection``:
-  one check per batch for every leased session it writes to, pipelined with the writes).
+  lease row, so a takeover cannot slip in between check and commit (``_fencing``, and
+  ``_connection``: one check per batch for every leased session it writes to, pipelined
+  with the writes).
 - Opening never writes to a database whose ``anabranch`` schema is not ours or newer.
 """
 
@@ -16,64 +20,43 @@ from __future__ import annotations
 
 import os
 import socket
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, Literal, TypeVar
 
 from anabranch._process import pid_alive
-from anabranch.errors import LeaseLostError
 from anabranch.store._dsn import redact_dsn
 from anabranch.store._records import (
-    BoundaryRecord,
     CallRecord,
-    ContextLimitRecord,
     MessageRecord,
     RunRecord,
     RunStatus,
     SessionBudgetRecord,
     SessionRecord,
     SnapshotRecord,
-    SpendRecord,
-    SpillRecord,
-    ToolEventRecord,
 )
 from anabranch.store._rows import (
-    boundary_row,
-    cache_break_row,
-    call_outcome_rows,
     call_row,
-    interrupted_outcome_row,
     message_row,
     run_end_row,
     run_row,
     run_span_row,
     session_event_row,
     snapshot_row,
-    spill_row,
-    tool_event_row,
 )
-from anabranch.store.postgres._connection import NOW, Connections, Fence, Later, Tx, connect
+from anabranch.store.postgres._connection import NOW, Connections, Later, Tx, connect
 from anabranch.store.postgres._leases import take_lease
 from anabranch.store.postgres._migrate import migrate
-from anabranch.store.postgres._reads import Reads
-from anabranch.store.postgres._statements import (
-    SAVE_SPILL,
-    insert,
-    insert_id,
-    rowcount,
-)
+from anabranch.store.postgres._run_writes import RunWrites
+from anabranch.store.postgres._statements import insert, insert_id, rowcount
 
 __all__ = ["PostgresStore"]
-
-T = TypeVar("T")
 
 STALL_TIMEOUT = 30.0
 """Seconds a transaction may wait for its client before the server ends it (the default
 lease ttl: a process frozen that long has lost its leases anyway)."""
 
 
-class PostgresStore(Reads):
+class PostgresStore(RunWrites):
     """Async store over one PostgreSQL database (schema ``anabranch``).
 
     Open with ``await PostgresStore.open("postgresql://user@host/db")``. The DSN's password
@@ -82,15 +65,8 @@ class PostgresStore(Reads):
 
     def __init__(self, dsn: str, connections: Connections) -> None:
         super().__init__(connections)
-        connections.lost = self._lease_lost
         self.url = redact_dsn(dsn)
         """The DSN without its password: safe to print."""
-        self._held: dict[str, str] = {}
-        """Sessions this store holds a lease on, and the owner it took them for."""
-        self._lost: set[str] = set()
-        """Sessions another process took over from this store: writes for them are refused."""
-        self._run_sessions: dict[str, str] = {}
-        self._call_runs: dict[int, str] = {}
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.url!r})"
@@ -133,81 +109,6 @@ class PostgresStore(Reads):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    # ----------------------------------------------------------------- fencing
-    def _known_session(self, *, run: str | None, call: int | None) -> str | None:
-        """The session of ``run`` (or of ``call``'s run) if this store has seen it."""
-        if call is not None and run is None:
-            run = self._call_runs.get(call)
-        return self._run_sessions.get(run) if run is not None else None
-
-    def _session_of(self, tx: Tx, *, run: str | None, call: int | None) -> str | None:
-        if call is not None and run is None:
-            run = self._call_runs.get(call)
-            if run is None:
-                row = tx.execute("SELECT run_id FROM calls WHERE id = %s", (call,)).fetchone()
-                run = row["run_id"] if row else None
-        if run is None:
-            return None
-        session = self._run_sessions.get(run)
-        if session is None:
-            row = tx.execute("SELECT session_id FROM runs WHERE id = %s", (run,)).fetchone()
-            session = row["session_id"] if row else None
-            if session is not None:
-                self._run_sessions[run] = session
-        return session
-
-    def _lease_lost(self, fence: Fence) -> LeaseLostError:
-        """Record that another owner took ``fence.session`` over (writer thread)."""
-        self._let_go(fence.session, lost=True)
-        return LeaseLostError(fence.session, fence.owner)
-
-    def _let_go(self, session: str, *, lost: bool) -> None:
-        """``session``'s lease is no longer held (``lost``: another owner took it over).
-        Lost before no longer held: a fence read on another thread in between finds it in
-        one of the two, never in neither (then a write would go unfenced)."""
-        if lost:
-            self._lost.add(session)
-        self._held.pop(session, None)
-
-    def _fence(
-        self, session: str | None, run: str | None, call: int | None
-    ) -> Callable[[Tx], Fence | None] | None:
-        """What a write to ``session`` (or ``run``'s or ``call``'s) must check: the lease
-        this store holds on it (looked up when the write runs), or nothing."""
-        if not (self._held or self._lost):
-            return None
-        known = session or self._known_session(run=run, call=call)
-        if known is not None and known in self._lost:
-            raise LeaseLostError(known, "this store")
-
-        def fence(tx: Tx) -> Fence | None:
-            target = known or self._session_of(tx, run=run, call=call)
-            if target is None:
-                return None
-            if target in self._lost:
-                raise LeaseLostError(target, "this store")
-            owner = self._held.get(target)
-            return Fence(target, owner) if owner is not None else None
-
-        return fence
-
-    async def _write(
-        self,
-        fn: Callable[[Tx], T],
-        *,
-        session: str | None = None,
-        run: str | None = None,
-        call: int | None = None,
-    ) -> T:
-        """Commit ``fn`` unless the session it writes to was taken over from this store."""
-        return await self._connections.write(fn, self._fence(session, run, call))
-
-    async def _write_later(
-        self, fn: Callable[[Tx], Later[T]], *, run: str | None = None, session: str | None = None
-    ) -> T:
-        """``_write`` for statements whose result is read once the batch has run."""
-        return await self._connections.write_later(fn, self._fence(session, run, None))
-
     # ----------------------------------------------------------------- sessions
     async def create_session(
         self, session: SessionRecord, *, owner: str | None = None, ttl: float = 0.0
@@ -233,8 +134,7 @@ class PostgresStore(Reads):
 
         await self._write(write, session=session.id)
         if owner is not None:
-            self._held[session.id] = owner
-            self._lost.discard(session.id)
+            self._hold(session.id, owner)
 
     async def set_session_status(
         self,
@@ -262,8 +162,7 @@ class PostgresStore(Reads):
                 insert(tx, "session_events", event)
 
         await self._connections.write(write)
-        self._held[session_id] = owner
-        self._lost.discard(session_id)
+        self._hold(session_id, owner)
 
     async def renew_lease(self, session_id: str, owner: str, ttl: float) -> bool:
         """Extend the lease; False if ``owner`` no longer holds it (another process took
@@ -363,199 +262,7 @@ class PostgresStore(Reads):
         values = run_end_row(run_id, output, status, error)
         await self._write(lambda tx: insert(tx, "run_ends", values), run=run_id)
 
-    # ----------------------------------------------------------------- messages & calls
-    @staticmethod
-    def _insert_messages(tx: Tx, values: list[dict[str, Any]]) -> None:
-        tx.send_many(
-            "INSERT INTO messages (run_id, seq, role, content, kind, created) VALUES "
-            "(%(run_id)s, %(seq)s, %(role)s, %(content)s, %(kind)s, %(created)s)",
-            values,
-        )
-
-    async def append_messages(self, messages: Sequence[MessageRecord]) -> None:
-        """Commit messages in one transaction."""
-        values = [message_row(m) for m in messages]
-        if values:
-            await self._write(lambda tx: self._insert_messages(tx, values), run=values[0]["run_id"])
-
-    async def continue_run(self, run_id: str, messages: Sequence[MessageRecord]) -> None:
-        """Reopen a finished run (a ``running`` row after its end: history stays) and
-        append ``messages`` to it, in one transaction."""
-        values = [message_row(m) for m in messages]
-        reopened = {"run_id": run_id, "status": "running", "finished": time.time()}
-
-        def write(tx: Tx) -> None:
-            insert(tx, "run_ends", reopened)
-            self._insert_messages(tx, values)
-
-        await self._write(write, run=run_id)
-
-    async def begin_call(
-        self,
-        call: CallRecord,
-        messages: Sequence[MessageRecord],
-        *,
-        tool_event: ToolEventRecord | None = None,
-        spills: Sequence[SpillRecord] = (),
-    ) -> int:
-        """Commit pending messages and the call row together, before the request is sent
-        (after ``tool_event`` and ``spills``, if given: see the protocol)."""
-        event = tool_event_row(tool_event) if tool_event is not None else None
-        spill_values = [spill_row(s) for s in spills]
-        values = [message_row(m) for m in messages]
-        call_values = call_row(call)
-
-        def write(tx: Tx) -> Later[int]:
-            if event is not None:
-                insert(tx, "tool_events", event)
-            tx.send_many(SAVE_SPILL, spill_values)
-            self._insert_messages(tx, values)
-            return insert_id(tx, "calls", call_values)
-
-        call_id = await self._write_later(write, run=call.run_id)
-        self._call_runs[call_id] = call.run_id
-        return call_id
-
-    async def finish_call(
-        self,
-        call_id: int,
-        *,
-        status: Literal["ok", "error", "interrupted"],
-        message: MessageRecord | None = None,
-        error_type: str | None = None,
-        error: str | None = None,
-        response_id: str | None = None,
-        model: str | None = None,
-        stop_reason: str | None = None,
-        usage: str | None = None,
-        tool_events: Sequence[ToolEventRecord] = (),
-        run_output: str | None = None,
-    ) -> None:
-        """Commit the call's outcome (and the assistant message, and the ``started`` events
-        of the tool calls it asks for; with ``run_output`` the run's end) in one
-        transaction."""
-        message_values = [message_row(message)] if message else []
-        events = [tool_event_row(e) for e in tool_events]
-        outcome, end = call_outcome_rows(
-            call_id,
-            status=status,
-            message=message,
-            error_type=error_type,
-            error=error,
-            response_id=response_id,
-            model=model,
-            stop_reason=stop_reason,
-            usage=usage,
-            run_output=run_output,
-        )
-
-        def write(tx: Tx) -> None:
-            self._insert_messages(tx, message_values)
-            insert(tx, "call_outcomes", outcome)
-            for event in events:
-                insert(tx, "tool_events", event)
-            if end is not None:
-                insert(tx, "run_ends", end)
-
-        await self._write(write, call=call_id)
-        self._call_runs.pop(call_id, None)
-
-    async def close_interrupted_calls(self, run_id: str) -> list[CallRecord]:
-        """Record an ``interrupted`` outcome for every call of the run still in flight.
-
-        Only the lease holder calls this on resume: no other process can have a call of
-        this run in flight, so these are calls a crash cut off. Returns them.
-        """
-
-        def write(tx: Tx) -> list[CallRecord]:
-            rows = tx.execute(
-                self._CALL_SQL + " WHERE c.run_id = %s AND o.id IS NULL ORDER BY c.id", (run_id,)
-            ).fetchall()
-            now = time.time()
-            for row in rows:
-                insert(tx, "call_outcomes", interrupted_outcome_row(row["id"], now))
-            return [CallRecord(**row) for row in rows]
-
-        return await self._write(write, run=run_id)
-
-    # ----------------------------------------------------------------- tools, snapshots
-    async def record_tool_event(
-        self,
-        event: ToolEventRecord,
-        *,
-        spills: Sequence[SpillRecord] = (),
-        messages: Sequence[MessageRecord] = (),
-    ) -> None:
-        """Commit a tool event, then ``spills`` and ``messages``, in one transaction."""
-        values = tool_event_row(event)
-        spill_values = [spill_row(s) for s in spills]
-        message_values = [message_row(m) for m in messages]
-
-        def write(tx: Tx) -> None:
-            insert(tx, "tool_events", values)
-            tx.send_many(SAVE_SPILL, spill_values)
-            self._insert_messages(tx, message_values)
-
-        await self._write(write, run=event.run_id)
-
-    async def save_snapshot(self, snapshot: SnapshotRecord) -> None:
-        values = snapshot_row(snapshot)
-        await self._write(lambda tx: insert(tx, "snapshots", values), run=snapshot.run_id)
-
-    async def add_boundary(
-        self, boundary: BoundaryRecord, messages: Sequence[MessageRecord] = ()
-    ) -> int:
-        """Commit a boundary (and any messages that belong with it) atomically."""
-        values = boundary_row(boundary)
-        message_values = [message_row(m) for m in messages]
-
-        def write(tx: Tx) -> Later[int]:
-            self._insert_messages(tx, message_values)
-            return insert_id(tx, "boundaries", values)
-
-        return await self._write_later(write, run=boundary.run_id)
-
-    async def save_spill(self, handle: str, run_id: str, call_id: str, content: str) -> None:
-        """Keep ``content`` under ``handle`` (a second save of a handle keeps the first).
-
-        A text equal to the call's finished tool event (a spilled output) is not stored a
-        second time: the row refers to that event (``event_id``), in the same statement.
-        """
-        values = spill_row(SpillRecord(handle, run_id, call_id, content, time.time()))
-        await self._write(lambda tx: tx.send(SAVE_SPILL, values), run=run_id)
-
-    async def add_cache_break(
-        self, run_id: str, call_id: int, cause: str, expected_read: int, actual_read: int
-    ) -> None:
-        values = cache_break_row(run_id, call_id, cause, expected_read, actual_read)
-        await self._write(lambda tx: insert(tx, "cache_breaks", values), run=run_id)
-
-    async def save_context_limit(self, limit: ContextLimitRecord) -> None:
-        """Record a limit a channel taught (or that was configured), or a run's limit."""
-        values = {
-            "model": limit.model,
-            "channel": limit.channel,
-            "maximum": limit.maximum,
-            "ratio": limit.ratio,
-            '"window"': limit.window,
-            "source": limit.source,
-            "run_id": limit.run_id,
-            "created": limit.created,
-        }
-        columns = ", ".join(values)
-        marks = ", ".join("%s" for _ in values)
-        await self._write(
-            lambda tx: tx.send(
-                f"INSERT INTO context_limits ({columns}) VALUES ({marks})", tuple(values.values())
-            ),
-            run=limit.run_id,
-        )
-
-    async def add_spend(self, spend: SpendRecord) -> None:
-        """Commit one call's spend for a tenant (every process on the store sees it)."""
-        values = asdict(spend)
-        await self._write(lambda tx: insert(tx, "tenant_spend", values), run=spend.run_id)
-
+    # ----------------------------------------------------------------- budgets, spans
     async def set_session_budget(self, record: SessionBudgetRecord) -> None:
         """Record the budget (and tenant) a session runs under from now on."""
         values = asdict(record)
