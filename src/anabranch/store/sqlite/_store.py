@@ -1,8 +1,9 @@
 """``SQLiteStore``: the write-ahead ``Store`` on one SQLite file.
 
-The queries of sessions, leases, runs, cache breaks and spans are here; those of a run's
-history in ``_history``. Every statement goes through ``GroupCommitConnection`` (atomic,
-durable on return, group-committed, cancellation-safe, no raw ``sqlite3`` error escapes).
+The queries of sessions, leases, runs, cache breaks and spans are here; the reads of a
+run's history in ``_history``, its writes in ``_history_writes``. Every statement goes
+through ``GroupCommitConnection`` (atomic, durable on return, group-committed,
+cancellation-safe, no raw ``sqlite3`` error escapes).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from anabranch.store._rows import (
 from anabranch.store.sqlite._budgets import SQLiteBudgets
 from anabranch.store.sqlite._group_commit import GroupCommitConnection
 from anabranch.store.sqlite._history import SQLiteHistory
+from anabranch.store.sqlite._history_writes import SQLiteHistoryWrites
 from anabranch.store.sqlite._index import index_new_rows
 from anabranch.store.sqlite._limits import SQLiteContextLimits
 from anabranch.store.sqlite._open import (
@@ -80,7 +82,7 @@ def _span_row(session_id: str, run_id: str, trace_id: str, span_id: str) -> dict
     return run_span_row(session_id, run_id, hex_bytes(trace_id), hex_bytes(span_id))
 
 
-class SQLiteStore(SQLiteHistory, SQLiteContextLimits, SQLiteBudgets):
+class SQLiteStore(SQLiteHistory, SQLiteHistoryWrites, SQLiteContextLimits, SQLiteBudgets):
     """Async store over one SQLite file. Open with ``await SQLiteStore.open(path)``."""
 
     def __init__(self, path: Path, sql: GroupCommitConnection) -> None:
