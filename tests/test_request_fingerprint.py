@@ -6,6 +6,7 @@ import hashlib
 
 import pytest
 
+from anabranch import _message_json as message_json
 from anabranch import messages as messages_module
 from anabranch.messages import (
     Message,
@@ -48,7 +49,7 @@ def _uncached(request: ModelRequest) -> str:
     for block in request.system:  # the prompt's state kept with its first block
         for key in [k for k in block.__dict__ if k.startswith("_anabranch_")]:
             del block.__dict__[key]
-    messages_module._PROMPTS.clear()
+    message_json._PROMPTS.clear()
     return request.fingerprint()
 
 
@@ -140,13 +141,13 @@ def test_a_cached_prompt_dies_with_its_blocks() -> None:
     import gc
 
     _uncached(ModelRequest(model="m", messages=()))
-    before = len(messages_module._PROMPTS)
+    before = len(message_json._PROMPTS)
     system = (SystemBlock(text="short-lived"),)
     ModelRequest(model="m", system=system, messages=()).fingerprint()
-    assert len(messages_module._PROMPTS) == before + 1
+    assert len(message_json._PROMPTS) == before + 1
     del system
     gc.collect()
-    assert len(messages_module._PROMPTS) == before
+    assert len(message_json._PROMPTS) == before
 
 
 def test_a_prompt_kept_with_its_first_block_serves_only_the_same_blocks_and_tools(
@@ -162,7 +163,7 @@ def test_a_prompt_kept_with_its_first_block_serves_only_the_same_blocks_and_tool
         raise AssertionError("the prompt's state was looked up again")
 
     # the next call of the run (a new request, the very same blocks and tools): no lookup
-    monkeypatch.setattr(messages_module._PROMPTS, "get", no_memo)
+    monkeypatch.setattr(message_json._PROMPTS, "get", no_memo)
     again = request.model_copy(update={"messages": history[:2]})
     assert again.fingerprint() == _by_definition(again)
     monkeypatch.undo()
@@ -265,7 +266,7 @@ def test_interleaved_runs_extend_their_own_prefix_and_match_the_definition() -> 
             request = ModelRequest(model="m", messages=tuple(history[:end]))
             assert request.fingerprint() == _by_definition(request)
     first = runs[0][0]
-    kept = first.__dict__[messages_module._PREFIX]
+    kept = first.__dict__[message_json._PREFIX]
     assert kept == tuple(runs[0][1:])  # run 0's prefix extended call by call
 
 
