@@ -23,10 +23,13 @@ __all__ = [
     "CONTENT_ENV",
     "OPENINFERENCE_ENV",
     "OpenInference",
+    "PROVIDER",
     "content_capture_from_env",
     "openinference_full",
 ]
 
+PROVIDER = "anthropic"
+"""``gen_ai.provider.name`` of every span."""
 CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _CONTENT_ON = {"true", "1", "yes", "span_only", "span_and_event"}
 OPENINFERENCE_ENV = "ANABRANCH_OPENINFERENCE"

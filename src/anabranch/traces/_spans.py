@@ -1,4 +1,5 @@
-"""Spans for agent runs, model calls, tool calls and compactions.
+"""Spans for agent runs, model calls and tool calls; ``Tracing``, the one class that makes
+every span (those of compactions, memory and limits come from ``_upkeep_spans``).
 
 Only the OpenTelemetry API is used: without an SDK every span is a no-op. Telemetry never
 raises into a run: attribute and event helpers swallow their own errors.
@@ -46,12 +47,25 @@ from anabranch.traces._payloads import (
     request_content,
     usage_attributes,
 )
-from anabranch.traces._settings import OpenInference, content_capture_from_env, openinference_full
+from anabranch.traces._settings import (
+    PROVIDER,
+    OpenInference,
+    content_capture_from_env,
+    openinference_full,
+)
+from anabranch.traces._upkeep_spans import (
+    compact_span,
+    compaction_manifest,
+    compaction_result,
+    limit_reached,
+    limit_soft,
+    memory_result,
+    memory_span,
+)
 
 __all__ = ["SpanRef", "Tracing"]
 
 _log = logging.getLogger(__name__)
-PROVIDER = "anthropic"
 
 
 @dataclass(frozen=True)
@@ -419,160 +433,15 @@ class Tracing:
         )
         safe_set(target, {"anabranch.cache.break.cause": cause})
 
-    # ------------------------------------------------------------------ compaction
-    def compact_span(
-        self, *, agent: str, run_id: str, session_id: str, trigger: str, strategy: str
-    ) -> CurrentSpan:
-        """``compact {agent}``: one compaction (the summarizer's model call nests inside).
-
-        A CHAIN span for Phoenix; ``compaction_result`` adds the sizes before/after, which
-        are shown as its input/output (numbers only, never message content).
-        """
-        attributes = {
-            "gen_ai.operation.name": "compact",
-            "gen_ai.provider.name": PROVIDER,
-            "gen_ai.agent.name": agent,
-            "gen_ai.agent.id": run_id,
-            "gen_ai.conversation.id": session_id,
-            "openinference.span.kind": "CHAIN",  # Phoenix has no kind for compact
-        }
-        if self.openinference_full:
-            attributes["session.id"] = session_id
-        attributes["anabranch.compaction.trigger"] = trigger
-        attributes["anabranch.compaction.strategy"] = strategy
-        # the cross-framework names (Google ADK's compact_events spans) next to ours
-        attributes["gen_ai.compaction.trigger"] = trigger
-        attributes["gen_ai.compaction.strategy"] = strategy
-        return self._span(f"compact {agent}", SpanKind.INTERNAL, attributes)
-
-    def compaction_result(
-        self,
-        span: Span,
-        *,
-        tokens_before: int,
-        tokens_after: int | None,
-        messages_before: int,
-        messages_after: int | None,
-        kept: int | None,
-        duration: float,
-        failure: str | None = None,
-        strategy: str | None = None,
-    ) -> None:
-        """Record a compaction's outcome; a failure also sets the span's error status."""
-        before = {"tokens": tokens_before, "messages": messages_before}
-        after: dict[str, Any] = {"tokens": tokens_after, "messages": messages_after, "kept": kept}
-        if failure is not None:
-            after["failure"] = failure
-        safe_set(
-            span,
-            {
-                "anabranch.compaction.strategy": strategy,
-                "anabranch.compaction.tokens_before": tokens_before,
-                "anabranch.compaction.tokens_after": tokens_after,
-                "anabranch.compaction.messages_before": messages_before,
-                "anabranch.compaction.messages_after": messages_after,
-                "anabranch.compaction.kept": kept,
-                "anabranch.compaction.duration": duration,
-                "anabranch.compaction.failure": failure,
-                "gen_ai.compaction.tokens_before": tokens_before,
-                "gen_ai.compaction.tokens_after": tokens_after,
-                "gen_ai.compaction.event_count": messages_before,
-                "gen_ai.compaction.messages_after": messages_after,
-                "error.type": "compaction_failed" if failure is not None else None,
-                "input.value": compact_json(before),
-                "input.mime_type": "application/json",
-                "output.value": compact_json(after),
-                "output.mime_type": "application/json",
-            },
-        )
-        if failure is not None:
-            try:
-                span.set_status(Status(StatusCode.ERROR, failure))
-            except Exception:  # pragma: no cover
-                _log.debug("could not set span status", exc_info=True)
-
-    def compaction_manifest(
-        self,
-        span: Span,
-        *,
-        removed: int,
-        tool_calls: int,
-        handles: int,
-        missing: int,
-        inferred: int,
-    ) -> None:
-        """The counts of a compaction's loss manifest (never the terms themselves)."""
-        safe_set(
-            span,
-            {
-                "anabranch.compaction.removed_messages": removed,
-                "anabranch.compaction.removed_tool_calls": tool_calls,
-                "anabranch.compaction.handles": handles,
-                "anabranch.compaction.missing_terms": missing,
-                "anabranch.compaction.inferred_statements": inferred,
-            },
-        )
-
-    # ------------------------------------------------------------------ memory
-    def memory_span(self, operation: str, *, agent: str, session_id: str | None) -> CurrentSpan:
-        """``memory {operation} {agent}``: a relevance selection or a consolidation.
-
-        ``memory_result`` records what was considered and chosen (memory names and
-        counts only, never their content).
-        """
-        attributes = {
-            "gen_ai.operation.name": f"memory.{operation}",
-            "gen_ai.agent.name": agent,
-            "gen_ai.conversation.id": session_id,
-            "openinference.span.kind": "RETRIEVER" if operation == "select" else "CHAIN",
-        }
-        if self.openinference_full:
-            attributes["session.id"] = session_id
-        attributes["anabranch.memory.operation"] = operation
-        return self._span(f"memory {operation} {agent}", SpanKind.INTERNAL, attributes)
-
-    def memory_result(self, span: Span, attributes: Mapping[str, Any]) -> None:
-        safe_set(span, {f"anabranch.memory.{k}": v for k, v in attributes.items()})
-
-    # ------------------------------------------------------------------ limits
-    def limit_soft(
-        self,
-        *,
-        scope: str,
-        share: float,
-        remaining_tokens: int | None,
-        remaining_usd: float | None,
-    ) -> None:
-        """A budget passed its soft share: the agent is told in its next user turn."""
-        self.event(
-            trace.get_current_span(),
-            "anabranch.limit.soft",
-            {
-                "anabranch.limit.scope": scope,
-                "anabranch.limit.spent_share": round(share, 4),
-                "anabranch.budget.remaining_tokens": remaining_tokens,
-                "anabranch.budget.remaining_usd": remaining_usd,
-            },
-        )
-
-    def limit_reached(
-        self,
-        *,
-        reason: str,
-        detail: str,
-        remaining_tokens: int | None,
-        remaining_usd: float | None,
-    ) -> None:
-        """A limit stopped the current agent run (its span gets the attributes too)."""
-        attributes = {
-            "anabranch.limit.reason": reason,
-            "anabranch.limit.detail": detail,
-            "anabranch.budget.remaining_tokens": remaining_tokens,
-            "anabranch.budget.remaining_usd": remaining_usd,
-        }
-        span = trace.get_current_span()
-        self.event(span, "anabranch.limit.reached", attributes)
-        safe_set(span, {k: v for k, v in attributes.items() if v is not None})
+    # ------------------------------------------------------------------ upkeep
+    # compactions, memory, limits: functions of a ``Tracing`` in ``_upkeep_spans``
+    compact_span = compact_span
+    compaction_result = compaction_result
+    compaction_manifest = compaction_manifest
+    memory_span = memory_span
+    memory_result = memory_result
+    limit_soft = limit_soft
+    limit_reached = limit_reached
 
     # ------------------------------------------------------------------ misc
     def event(self, span: Span, name: str, attributes: Mapping[str, Any]) -> None:
@@ -580,4 +449,3 @@ class Tracing:
             span.add_event(name, {k: v for k, v in attributes.items() if v is not None})
         except Exception:  # pragma: no cover
             _log.debug("could not add span event", exc_info=True)
-
