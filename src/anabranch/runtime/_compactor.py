@@ -26,11 +26,14 @@ touched, and ``recall`` reaches all of them.
 returns a ``ContextChange`` (boundaries with their rows, spills and the context they leave);
 the loop commits it. Within one step, later decisions see the earlier ones through a
 ``CompactionStep`` (see ``runtime._compaction_step``).
+
+This module decides when and what (clearing, compaction attempts, the breaker); the new
+context of an attempt is built in ``_compaction_rebuild``, and the summary is asked for in
+``_summary_calls``.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from functools import partial
@@ -39,29 +42,10 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from anabranch.agents import Agent
-from anabranch.context._compaction import (
-    CompactionEvent,
-    Rebuilt,
-    Split,
-    choose_split,
-    cleared_context,
-    context_violations,
-    summarized_context,
-    verbatim_context,
-    windowed_context,
-)
-from anabranch.context._content import content_violations, drop_thinking
-from anabranch.context._digest import (
-    Manifest,
-    dropped_note,
-    handles_line,
-    manifest,
-    named_seqs,
-)
-from anabranch.context._tokens import estimate_messages, estimate_request
-from anabranch.context._transcript import chars_for_tokens
+from anabranch.context._compaction import cleared_context
+from anabranch.context._tokens import estimate_messages
 from anabranch.errors import PromptTooLongError
-from anabranch.messages import Message, ModelRequest, ModelResponse, ToolUseBlock
+from anabranch.messages import ToolUseBlock
 from anabranch.runtime._ahead import AheadSummaries, Ready, ahead_split
 from anabranch.runtime._breaker import (
     breaker_open,
@@ -73,6 +57,12 @@ from anabranch.runtime._breaker import (
     warn_too_small,
 )
 from anabranch.runtime._builtins import ToolOutcome
+from anabranch.runtime._compaction_rebuild import (
+    CompactionError,
+    frees_too_little,
+    rebuild,
+    tail_budget,
+)
 from anabranch.runtime._compaction_step import CompactionStep, boundary_commit, manifest_of
 from anabranch.runtime._context_view import (
     CompactionOutcome,
@@ -80,16 +70,12 @@ from anabranch.runtime._context_view import (
     ContextView,
     Ingested,
 )
-from anabranch.runtime._head import context_text, handles_in, originals, previous_summary
 from anabranch.runtime._limits import ChannelLimits
-from anabranch.runtime._memory_compaction import CompactionMemory
 from anabranch.runtime._model_switch import ModelSwitch, model_switch, same_model
-from anabranch.runtime._pins import with_pins
 from anabranch.runtime._pipeline import spill_over_limit
 from anabranch.runtime._quiet_call import quiet_before_call
-from anabranch.runtime._run_prompt import with_breakpoints
-from anabranch.runtime._server_compaction import server_rebuild
-from anabranch.runtime._summarizer import SummarizerFailed, summarize, summary_max_tokens
+from anabranch.runtime._summarizer import SummarizerFailed
+from anabranch.runtime._summary_calls import fixed_tokens, pre_compact_hook, summarize_head
 
 __all__ = ["CompactingPipeline", "CompactionOutcome", "breaker_open", "consecutive_failures"]
 
@@ -98,17 +84,6 @@ _log = logging.getLogger("anabranch.compaction")
 MIN_CLEAR_FRACTION = 0.05
 """Clearing must free at least this fraction of the window, so the cache is not broken
 for a few tokens at every turn."""
-MIN_FREE_FRACTION = 0.05
-"""A proactive compaction that would free less than this share of the window is skipped
-(unless the context no longer fits at all)."""
-TAIL_SHARE = 0.25
-"""Default ``keep_recent_tokens``: this share of the room messages have below the threshold."""
-KEEP_NOTHING_LEVEL = 2
-"""Reactive level from which nothing is kept verbatim: the whole context is summarized."""
-
-
-class _CompactionError(Exception):
-    """A compaction attempt could not produce a valid context."""
 
 
 class CompactingPipeline:
@@ -188,13 +163,13 @@ class CompactingPipeline:
 
     async def _start_ahead(self, step: CompactionStep) -> None:
         """Start summarizing the head in the background (see ``_ahead``)."""
-        tail = self._tail_budget(step, 0)
+        tail = tail_budget(self, step, 0)
         keep = step.agent.context.keep_recent
         split = ahead_split(step, keep_recent=keep, max_tail_tokens=tail)
-        if split is None or self._frees_too_little(step, split):
+        if split is None or frees_too_little(self, step, split):
             return
-        hook = await self._pre_compact_hook(step, split, "summarize", "ahead")
-        work = partial(self._summarize, instructions=hook)
+        hook = await pre_compact_hook(self, step, split, "summarize", "ahead")
+        work = partial(summarize_head, self, instructions=hook)
         await self.ahead.start(step, split, work, threshold=self.threshold(step))
 
     async def on_prompt_too_long(
@@ -299,9 +274,9 @@ class CompactingPipeline:
             details: dict[str, Any] = {"level": level, "degraded": degraded}
             try:
                 seqs = await step.context_seqs()
-                decided = await self._rebuild(step, strategy, trigger, level, seqs, details, ready)
+                decided = await rebuild(self, step, strategy, trigger, level, seqs, details, ready)
             except Exception as exc:
-                own = isinstance(exc, _CompactionError | SummarizerFailed)
+                own = isinstance(exc, CompactionError | SummarizerFailed)
                 error = str(exc) if own else f"{type(exc).__name__}: {exc}"
                 self._span_result(span, step, before, started, kept=None, failure=error)
                 step.record(
@@ -348,7 +323,7 @@ class CompactingPipeline:
             )
             fail = None
             if failure is not None:
-                sizes = (self.window(step), self.threshold(step), self._fixed_tokens(step))
+                sizes = (self.window(step), self.threshold(step), fixed_tokens(step))
                 warn_too_small(step, self._warned, *sizes)
                 fail = self._verdict(step, await step.boundaries(), span, failure)
         return None, fail
@@ -384,214 +359,3 @@ class CompactingPipeline:
             duration=time.monotonic() - started,
             failure=failure,
         )
-
-    def _tail_budget(self, run: ContextView, level: int) -> int:
-        """Tokens the kept tail may hold (``keep_recent_tokens``, or a share of the room)."""
-        room = max(0, self.threshold(run) - self._fixed_tokens(run))
-        budget = run.agent.context.keep_recent_tokens
-        budget = int(room * TAIL_SHARE) if budget is None else min(budget, room // 2)
-        return budget >> level
-
-    async def _rebuild(
-        self,
-        step: CompactionStep,
-        strategy: str,
-        trigger: str,
-        level: int,
-        seqs: list[int | None],
-        details: dict[str, Any],
-        ready: Ready | None = None,
-    ) -> tuple[Rebuilt, Manifest | None] | None:
-        if strategy == "server":  # the API writes the summary: see ``_server_compaction``
-            return await server_rebuild(step, level, self._tail_budget(step, level), seqs, details)
-        policy = step.agent.context
-        nothing = level >= KEEP_NOTHING_LEVEL
-        split = (
-            ready.split
-            if ready is not None
-            else choose_split(
-                step.context,
-                keep_recent=0 if nothing else policy.keep_recent >> level,
-                max_tail_tokens=0 if nothing else self._tail_budget(step, level),
-                empty_tail=True,
-            )
-        )
-        if split is None:
-            stubbed = self._stub_only(step, level)
-            return stubbed, None
-        head_seqs = seqs[: len(split.head)]
-        # what an earlier opening in the head stood for stays named in the new one
-        earlier = named_seqs(previous_summary(split.head))
-        named = sorted({*earlier, *(s for s in head_seqs if s is not None)})
-        if trigger == "auto" and self._frees_too_little(step, split):
-            return None
-        head = await originals(step.store, step.id, split.head, step.pending_spills())
-        instructions = None
-        if ready is None:  # a summary ahead had them when it started
-            instructions = await self._pre_compact_hook(step, split, strategy, trigger)
-        handles = handles_in(split.head)
-        memory = CompactionMemory(
-            step, lambda request: self._call(step, request), self.window(step)
-        )
-        if strategy == "summarize":
-            details.update(await memory.extract(head, head_seqs))
-            result = ready.ahead.result if ready is not None else None
-            if result is not None and ready is not None:
-                details["ahead"] = ready.ahead.record(waited=ready.waited)
-            else:
-                switch = self.model_switch(step)
-                if switch is not None:
-                    details["model_switch"] = switch.as_dict()
-                result = await self._summarize(step, head, head_seqs, instructions, switch=switch)
-            details["model"] = result.model
-            details["summary"] = result.summary
-            details["usage"] = result.usage.model_dump(mode="json")
-            details["summary_parts"] = result.parts
-            details["summary_requests"] = len(result.requests)
-            listed = handles_line(named, handles, self._note_chars(step))
-            rebuilt = summarized_context(split, result.summary, listed)
-            found = manifest(
-                split.head,
-                head_seqs,
-                result.summary,
-                handles=handles,
-                previous=previous_summary(split.head),
-                summary=result.summary,
-            )
-        elif strategy == "verbatim":
-            rebuilt = verbatim_context(split, step.id)
-            handles += [spill.handle for spill in rebuilt.spills]
-            found = manifest(split.head, head_seqs, context_text(rebuilt.messages), handles=handles)
-        else:
-            spilled = cleared_context(split.head, keep_last=0, run_id=step.id).spills
-            handles += [spill.handle for spill in spilled]
-            note = dropped_note(split.head, named, handles, self._note_chars(step))
-            rebuilt = windowed_context(split, note)
-            rebuilt = Rebuilt(rebuilt.messages, rebuilt.sources, rebuilt.kept, spilled)
-            found = manifest(split.head, head_seqs, context_text(rebuilt.messages), handles=handles)
-        details["manifest"] = found.as_dict()
-        rebuilt = await memory.reselect(head, rebuilt, self._note_chars(step), details)
-        room = max(0, self.threshold(step) - self._fixed_tokens(step))
-        carry = split.carry if strategy != "verbatim" else None
-        rebuilt = await with_pins(step, rebuilt, room, carry, details)
-        problems = context_violations(rebuilt.messages)
-        problems += content_violations(
-            step.context, rebuilt.messages, thinking=step.agent.model_settings.thinking
-        )
-        if problems:
-            raise _CompactionError("invalid compacted context: " + "; ".join(problems))
-        return rebuilt, found
-
-    def _note_chars(self, run: ContextView) -> int:
-        """Room for a note of what was replaced: a tenth of the messages' room."""
-        room = max(0, self.threshold(run) - self._fixed_tokens(run))
-        return max(200, chars_for_tokens(room // 10))
-
-    def _frees_too_little(self, run: ContextView, split: Split) -> bool:
-        """A proactive compaction of ``split`` would free under ``MIN_FREE_FRACTION``."""
-        window = self.window(run)
-        head = estimate_messages(split.head)
-        after = self._fixed_tokens(run) + estimate_messages(split.tail) + head // 4
-        if after >= window - run.agent.context.reserve:
-            return False  # must compact whatever it frees
-        return head - head // 4 < window * MIN_FREE_FRACTION
-
-    def _stub_only(self, run: ContextView, level: int) -> Rebuilt:
-        """No turn left to cut: a reactive retry can still stub the kept tool results."""
-        if not level:
-            raise _CompactionError("nothing to compact: no turn boundary to cut at")
-        rebuilt = cleared_context(run.context, keep_last=0, run_id=run.id, clearable=run.clearable)
-        if not rebuilt.spills:
-            raise _CompactionError("nothing to compact: no turn boundary to cut at")
-        return rebuilt
-
-    async def _pre_compact_hook(
-        self, run: ContextView, split: Split, strategy: str, trigger: str
-    ) -> str | None:
-        policy = run.agent.context
-        if policy.on_compact is None:
-            return None
-        event = CompactionEvent(
-            agent=run.agent.name,
-            session_id=run.session_id,
-            run_id=run.id,
-            trigger=trigger,
-            strategy=strategy,
-            messages=split.head,
-            kept=((split.carry,) if split.carry else ()) + split.tail,
-            tokens=run.context_tokens,
-            threshold=self.threshold(run),
-            window=self.window(run),
-        )
-        result = policy.on_compact(event)
-        if inspect.isawaitable(result):
-            result = await result
-        return result if isinstance(result, str) else None
-
-    # ------------------------------------------------------------------ summarizer
-    def _fixed_tokens(self, run: ContextView) -> int:
-        """Estimated tokens of the system prompt and tool definitions."""
-        empty = ModelRequest(model=run.agent.model, system=run.system, tools=run.tools, messages=())
-        return estimate_request(empty)
-
-    async def _summarize(
-        self,
-        run: ContextView,
-        head: tuple[Message, ...],
-        seqs: list[int | None],
-        instructions: str | None,
-        *,
-        switch: ModelSwitch | None = None,
-        purpose: str = "compaction",
-    ) -> Any:
-        """Ask the summarizer (then the fallback) for a summary of ``head``, in parts if
-        it does not fit the summarizer's window; after a model switch, the previous model
-        first, with room for the whole head (it held this context)."""
-        policy = run.agent.context
-        models = [policy.summarizer_model or run.agent.model]
-        if policy.fallback_summarizer_model and policy.fallback_summarizer_model not in models:
-            models.append(policy.fallback_summarizer_model)
-        window = self.window(run)
-        max_tokens = summary_max_tokens(self.threshold(run), run.agent.max_tokens)
-        budget = window - max_tokens - self._fixed_tokens(run) - window // 20
-        budgets = {}
-        if switch is not None:
-            models = [switch.previous, *(m for m in models if m != switch.previous)]
-            budgets[switch.previous] = max(budget, estimate_messages(head) + 1)
-
-        def build(model: str, messages: list[Message]) -> ModelRequest:
-            return with_breakpoints(
-                run.agent,
-                ModelRequest(
-                    model=model,
-                    system=run.system,
-                    tools=run.tools,
-                    messages=tuple(messages),
-                    max_tokens=max_tokens,
-                ),
-            )
-
-        # the summarizer does not think: earlier thinking is omitted, never altered
-        return await summarize(
-            drop_thinking(head),
-            models=models,
-            budget=budget,
-            budgets=budgets,
-            build=build,
-            call=lambda request: self._call(run, request, purpose),
-            instructions=instructions,
-            labels=[f"msg-{s}" if s is not None else None for s in seqs],
-            max_summary_tokens=max_tokens,
-        )
-
-    async def _call(
-        self, run: ContextView, request: ModelRequest, purpose: str = "compaction"
-    ) -> ModelResponse:
-        """One summarizer call (the run's summarizer retries and traces it)."""
-        try:
-            return await run.call_summarizer(request, purpose=purpose)
-        except PromptTooLongError as exc:  # teach the channel's limit, then smaller parts
-            await self.limits.learn(
-                run, exc, model=request.model, estimate=estimate_request(request)
-            )
-            raise
