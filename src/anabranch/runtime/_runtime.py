@@ -1,15 +1,17 @@
-"""``Runtime``: opens the store and runs, resumes and reports sessions."""
+"""``Runtime``: opens the store and runs, resumes and reports sessions.
+
+``Runtime`` owns the store, the model client it created and the session driver; its verbs
+that open, run and continue sessions (``open_session``, ``run``, ``run_graph``, ``resume``,
+``send``) are functions of it in ``_runtime_sessions``, bound as its methods."""
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import socket
-import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -18,32 +20,23 @@ from opentelemetry import trace
 from anabranch.agents import Agent, Budget, Graph
 from anabranch.context._pricing import PriceTable
 from anabranch.errors import SessionNotFoundError, UserError
-from anabranch.messages import Document, Image, Usage, valid_text
+from anabranch.messages import Usage
 from anabranch.models._base import Model
 from anabranch.models._retry import RetryPolicy
 from anabranch.runtime import _queued
-from anabranch.runtime._agent_resume import resume_agent
-from anabranch.runtime._agent_session import drive_agent
 from anabranch.runtime._approval import PendingApproval, decide, pending_approvals
 from anabranch.runtime._budgets import (
-    check_budget,
     check_tenant_budgets,
     open_limits,
-    refuse_start,
 )
 from anabranch.runtime._builtins import BuiltinTool
 from anabranch.runtime._compactor import CompactionOutcome
 from anabranch.runtime._conversation import (
-    check_message,
     compact_finished,
-    finished_root,
     stream_session,
 )
 from anabranch.runtime._dbpath import database_path
 from anabranch.runtime._definitions import (
-    MODEL_CLIENT_KEY,
-    agent_outline,
-    client_name,
     default_builtins,
     default_pipeline,
     resolve_agent,
@@ -51,23 +44,13 @@ from anabranch.runtime._definitions import (
 from anabranch.runtime._environment import Environment
 from anabranch.runtime._event_stream import EventStream
 from anabranch.runtime._events import EventBus, EventCallback
-from anabranch.runtime._graph import (
-    drive_graph,
-    graph_outline,
-    graph_task,
-    resolve_graph,
-    resume_graph,
-)
-from anabranch.runtime._loader import DIGEST_KEY, source_digest
-from anabranch.runtime._loop import AgentRun, new_id
-from anabranch.runtime._memory import memory_session_start
 from anabranch.runtime._pipeline import ContextPipeline
-from anabranch.runtime._results import GraphResult, RunResult, session_usage
+from anabranch.runtime._results import RunResult, session_usage
 from anabranch.runtime._rewind import rewind_run
 from anabranch.runtime._run_limits import SessionLimits
+from anabranch.runtime._runtime_sessions import open_session, resume, run, run_graph, send
 from anabranch.runtime._session import SessionDriver
 from anabranch.runtime._spawn import SpawnLimits
-from anabranch.runtime._task_input import task_message, task_text
 from anabranch.store import (
     BoundaryRecord,
     SessionRecord,
@@ -260,10 +243,6 @@ class Runtime:
         limits = await open_limits(self.store, session_id, *given, self.budgets, self.prices)
         return self.environment(session_id, limits)
 
-    async def _check_limits(self, what: str, budget: Budget | None, tenant: str | None) -> None:
-        check_budget(budget, tenant)  # bad arguments, or no budget left: one-line errors
-        await refuse_start(self.store, what, budget, tenant, self.budgets)
-
     def register(self, *definitions: Agent | Graph) -> None:
         """Make agents (and graphs) resumable by name in this process."""
         for definition in definitions:
@@ -273,110 +252,12 @@ class Runtime:
                 self._agents[definition.name] = definition
 
     # ------------------------------------------------------------------ running
-    async def open_session(
-        self,
-        *,
-        kind: Literal["agent", "graph"],
-        entry: str,
-        task: str,
-        source: str | None,
-        outline: dict[str, Any],
-        on_session: Callable[[str], None] | None,
-        drive: bool = True,
-    ) -> str:
-        """Commit a new session and announce its id (before anything runs in it).
-
-        ``drive``: this process runs it, so its model client is created first (missing
-        credentials fail before a session exists). A session queued for workers is not.
-        """
-        session = self._session_record(kind, entry, task, source, outline, drive=drive)
-        await self.store.create_session(session)
-        if on_session is not None:
-            on_session(session.id)
-        return session.id
-
-    def _session_record(
-        self,
-        kind: Literal["agent", "graph"],
-        entry: str,
-        task: str,
-        source: str | None,
-        outline: dict[str, Any],
-        *,
-        drive: bool = True,
-    ) -> SessionRecord:
-        """A new session's record (see ``open_session``)."""
-        client = client_name(self.model) if drive or self._model is not None else None
-        outline = {**self.session_notes, **outline, MODEL_CLIENT_KEY: client}
-        if source is not None:
-            # resume runs this file again only while it is byte for byte the same
-            outline[DIGEST_KEY] = source_digest(source)
-        return SessionRecord(
-            id=new_id("ses"),
-            created=time.time(),
-            kind=kind,
-            entry=entry,
-            task=task,
-            source=source,
-            definition=json.dumps(outline),
-        )
-
-    async def run(
-        self,
-        agent: Agent,
-        task: str | Sequence[str | Image | Document],
-        *,
-        source: str | None = None,
-        on_session: Callable[[str], None] | None = None,
-        budget: Budget | None = None,
-        tenant: str | None = None,
-    ) -> RunResult:
-        """Run ``agent`` on ``task`` in a new session and return its result.
-
-        A session that fails returns ``status="failed"`` (see ``RunResult.raise_for_status``);
-        after a model failure it stays resumable.
-
-        Args:
-            task: the request: a string, or a list of strings, ``Image`` and ``Document``
-                (one user turn, in that order).
-            source: ``file.py:name`` the agent came from, so another process can resume it.
-            on_session: called with the session id as soon as the session is committed.
-            budget: what the whole session may spend (at it: reports, ``incomplete``).
-            tenant: who the session spends for (``Runtime(budgets=...)``).
-
-        Raises:
-            UserError: not an agent, an empty task, a bad budget or tenant.
-            BudgetExceeded: the tenant has no budget left.
-        """
-        if not isinstance(agent, Agent):
-            raise UserError(f"run() needs an Agent, got {type(agent).__name__}")
-        first = task_message(task)
-        text = valid_text(task) if isinstance(task, str) else task_text(first)
-        await self._check_limits(repr(agent.name), budget, tenant)
-        self.register(agent)
-        session = self._session_record("agent", agent.name, text, source, agent_outline(agent))
-        session_id = session.id
-        async with self._driver.opening(session):  # committed with its lease: one write
-            if on_session is not None:
-                on_session(session_id)
-            env = await self.session_environment(
-                session_id, budget=budget, tenant=tenant, fresh=True
-            )
-
-        async def start() -> AgentRun:
-            await memory_session_start(env, agent)
-            return await AgentRun.start(env, agent, [first], with_drive=True)
-
-        return await drive_agent(
-            self._driver,
-            self.store,
-            self._agents,
-            session_id,
-            agent.name,
-            start,
-            task=text,
-            taken=True,
-        )
+    # new and continued sessions: functions of a ``Runtime`` in ``_runtime_sessions``
+    open_session = open_session
+    run = run
+    run_graph = run_graph
+    resume = resume
+    send = send
 
     def stream(
         self,
@@ -400,111 +281,6 @@ class Runtime:
             return await self.run(agent, task, source=source, on_session=on_session)
 
         return stream_session(self.events, run, self.send, agent, task, session_id, message)
-
-    async def run_graph(
-        self,
-        graph: Graph,
-        *,
-        source: str | None = None,
-        on_session: Callable[[str], None] | None = None,
-        budget: Budget | None = None,
-        tenant: str | None = None,
-    ) -> GraphResult:
-        """Run a task graph in a new session; returns every task's status and report.
-
-        A failed task shows in ``GraphResult.tasks`` (and ``status`` is ``failed``), the
-        same rule as ``run``. A task stopped by a limit is ``incomplete``: its report still
-        goes to its dependents. ``budget`` and ``tenant`` work as for ``run``. Resume an
-        interrupted graph with ``resume(session_id)``.
-        """
-        if not isinstance(graph, Graph):
-            raise UserError(f"run_graph() needs a Graph, got {type(graph).__name__}")
-        await self._check_limits(f"graph {graph.name!r}", budget, tenant)
-        self.register(graph)
-        session_id = await self.open_session(
-            kind="graph",
-            entry=graph.name,
-            task=graph_task(graph),
-            source=source,
-            outline=graph_outline(graph),
-            on_session=on_session,
-        )
-        env = await self.session_environment(session_id, budget=budget, tenant=tenant, fresh=True)
-        return await drive_graph(env, self._driver, graph)
-
-    async def resume(
-        self, session_id: str, agent: Agent | None = None, *, budget: Budget | None = None
-    ) -> RunResult:
-        """Continue a session from wherever it stopped; a finished one returns its result
-        (a ``GraphResult`` for a graph session). The failure rule is ``run``'s.
-
-        ``budget``: a new budget for the session (its spend so far counts); a session a
-        limit stopped then continues. Without it the session keeps its budget.
-
-        Raises:
-            SessionNotFoundError: no such session.
-            SessionBusyError: another live process is driving it.
-        """
-        check_budget(budget)
-        session = await self.store.get_session(session_id)
-        if session is None:
-            raise SessionNotFoundError(session_id)
-        if session.kind == "graph":
-            graph = resolve_graph(session, self.graphs, self.register)
-            env = await self.session_environment(session_id, budget=budget)
-            return await resume_graph(env, self._driver, graph, session)
-        if session.kind != "agent":
-            raise UserError(f"cannot resume a session of kind {session.kind!r}")
-        return await resume_agent(
-            self._driver,
-            self.store,
-            self._agents,
-            session,
-            resolve=lambda: self.resolve_agent(session, agent),
-            environment=lambda: self.session_environment(session_id, budget=budget),
-            budget=budget,
-        )
-
-    async def send(
-        self,
-        session_id: str,
-        message: str,
-        agent: Agent | None = None,
-        *,
-        budget: Budget | None = None,
-    ) -> RunResult:
-        """Continue a finished session's conversation: ``message`` becomes the root
-        agent's next user turn, in the same context (compaction, snapshot and the
-        write-ahead log apply as to any turn). Returns this turn's result (the failure
-        rule is ``run``'s). ``budget``: a new budget for the session from this turn on
-        (default: the one it had; its spend so far counts against it).
-
-        Raises:
-            SessionNotFoundError: no such session.
-            UserError: not an agent session, or its last turn is unfinished (resume it)
-                or failed.
-        """
-        text = check_message(message)
-        root_agent, root = await finished_root(
-            self.store, session_id, lambda session: self.resolve_agent(session, agent)
-        )
-        check_budget(budget)
-        env = await self.session_environment(session_id, budget=budget)
-
-        async def load_and_continue() -> AgentRun:
-            run = await AgentRun.load(env, root_agent, root)
-            await run.continue_with(text)
-            return run
-
-        return await drive_agent(
-            self._driver,
-            self.store,
-            self._agents,
-            session_id,
-            root_agent.name,
-            load_and_continue,
-            task=text,
-        )
 
     async def compact(self, session_id: str, agent: Agent | None = None) -> CompactionOutcome:
         """Compact the root agent's context of a finished turn now (``/compact``)."""
