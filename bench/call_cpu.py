@@ -185,6 +185,17 @@ def census(generation: int, tracing: bool, runs: int = 1000, every: int = 4) -> 
     }
 
 
+def _commit(tree: Path) -> str:
+    """The checked-out commit of a tree (what a recorded pair compares)."""
+    done = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return done.stdout.strip() or str(tree)
+
+
 def pairs(before: Path, after: Path, count: int, tracing: bool) -> dict[str, Any]:
     """Alternated trials of two checkouts, each from its own ``src`` and ``.venv``."""
 
@@ -199,6 +210,8 @@ def pairs(before: Path, after: Path, count: int, tracing: bool) -> dict[str, Any
         )
         return float(json.loads(done.stdout)["cpu_ms_per_model_call"])
 
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load_start = os.getloadavg()[0]
     rows = []
     for _ in range(count):
         first, second = one(before), one(after)
@@ -212,6 +225,11 @@ def pairs(before: Path, after: Path, count: int, tracing: bool) -> dict[str, Any
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     ratios = [row["ratio"] for row in rows]
     return {
+        "trees": {"before": _commit(before), "after": _commit(after)},
+        "started": started,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_average": [round(load_start, 2), round(os.getloadavg()[0], 2)],
+        "tracing": tracing,
         "pairs": rows,
         "median_ratio": round(statistics.median(ratios), 3),
         "under_1": sum(1 for r in ratios if r < 1),
