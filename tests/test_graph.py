@@ -165,6 +165,23 @@ async def test_max_concurrency_one_runs_ready_tasks_one_at_a_time(tmp_path: Path
     assert "## t0" in result.output and "## t2" in result.output  # several sinks
 
 
+async def test_run_graph_opens_its_session_through_the_runtime_method(tmp_path: Path) -> None:
+    """A ``Runtime`` subclass that wraps ``open_session`` sees the graph session opened."""
+    opened: list[str] = []
+
+    class RecordingRuntime(Runtime):
+        async def open_session(self, **kwargs: Any) -> str:
+            session_id: str = await super().open_session(**kwargs)
+            opened.append(session_id)
+            return session_id
+
+    graph = Graph(tasks=[Task(id="only", agent=_agent("w"), prompt="job")])
+    async with RecordingRuntime(db=tmp_path / "o.db", model=TestModel()) as rt:
+        result = await rt.run_graph(graph)
+    assert result.status == "done"
+    assert opened == [result.session_id]
+
+
 async def test_dependency_reports_are_capped(tmp_path: Path) -> None:
     long = "word " * 1_000
     graph = Graph(

@@ -70,6 +70,18 @@ class SessionHost(Protocol):
 
     def resolve_agent(self, session: SessionRecord, agent: Agent | None = None) -> Agent: ...
 
+    async def open_session(
+        self,
+        *,
+        kind: Literal["agent", "graph"],
+        entry: str,
+        task: str,
+        source: str | None,
+        outline: dict[str, Any],
+        on_session: Callable[[str], None] | None,
+        drive: bool = True,
+    ) -> str: ...
+
     async def session_environment(
         self,
         session_id: str,
@@ -214,8 +226,7 @@ async def run_graph(
         raise UserError(f"run_graph() needs a Graph, got {type(graph).__name__}")
     await check_limits(rt, f"graph {graph.name!r}", budget, tenant)
     rt.register(graph)
-    session_id = await open_session(
-        rt,
+    session_id = await rt.open_session(
         kind="graph",
         entry=graph.name,
         task=graph_task(graph),
